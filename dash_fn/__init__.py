@@ -1,0 +1,13 @@
+"""dash_fn: DASH (Distributed Accelerated Shampoo) as a pure functional optimizer for PyTorch.
+
+    state = dash_fn.init(params, dash_fn.DashConfig(...))
+    params, state = dash_fn.step(params, grads, state, lr=lr)
+"""
+
+from .config import DashConfig
+from .roots import inverse_root, start_vectors
+from .state import init
+from .step import is_refresh_step, step
+
+__all__ = ["DashConfig", "init", "step", "is_refresh_step", "inverse_root", "start_vectors"]
+__version__ = "0.1.0"

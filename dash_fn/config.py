@@ -1,0 +1,127 @@
+"""DashConfig: every knob of the optimizer, validated once at construction.
+
+Defaults follow ALGORITHM.md section 9. The config is a frozen dataclass so that it can be
+stored in the state as non-tensor data, hashed, and treated as a constant by torch.compile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+SOLVERS = ("eigh", "cn", "ndb", "chebyshev", "auto")
+SCALINGS = ("fro", "pi", "pim")
+EIGH_HEURISTICS = ("shampoo", "abs", "abs_add", "relu")
+GRAFTINGS = ("adam", "adagrad")
+ONE_DIM = ("adamw", "shampoo")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class DashConfig:
+    """Hyper-parameters of DASH (block Shampoo with stacked blocks).
+
+    Matrix parameters are cut into ``block_size`` x ``block_size`` blocks; each block keeps two
+    Kronecker factors ``L = EMA(G G^T)`` and ``R = EMA(G^T G)`` whose inverse 4th roots
+    precondition the (EMA of the) gradient, ``U = L^{-1/4} G R^{-1/4}``, and the result is
+    grafted onto the norm of the Adam direction of the same block. See ALGORITHM.md for the
+    full math; field names match its symbols.
+
+    Every field is validated in ``__post_init__``: an invalid value raises ``ValueError`` naming
+    the field and the allowed range.
+    """
+
+    block_size: int = 1024
+    solver: str = "ndb"
+    scaling: str = "pim"
+    newton_steps: int = 10
+    inv_root_freq: int = 1
+    start_prec_step: float = 1  # an int >= 1, or math.inf for "never precondition"
+    eps: float = 1e-10
+    eigh_heuristic: str = "shampoo"
+    cn_tol: float = 1e-6
+    cn_masking: bool = True
+    cheb_degree: int = 60
+    cheb_eps: float = 1e-3
+    scaling_const: float = 2.0
+    pi_steps: int = 10
+    pim_vectors: int = 16
+    eps_power_iter: float = 1e-6
+    scaling_dtype: str = "float32"
+    scaling_seed: int = 0
+    matmul_dtype: str = "float32"
+    beta_G: float = 0.9
+    beta_LR: float = 0.95
+    beta_graft: float = 0.95
+    grafting: str = "adam"
+    eps_graft: float = 1e-8
+    bias_correction: bool = True
+    mu: float = 0.0
+    nesterov: bool = True
+    weight_decay: float = 0.0
+    weight_decay_1d: float = 0.0
+    one_dim: str = "adamw"
+    adamw_beta1: float = 0.9
+    adamw_beta2: float = 0.95
+    adamw_eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        _check_int(self, "block_size", 1)
+        _check_int(self, "newton_steps", 1)
+        _check_int(self, "inv_root_freq", 1)
+        _check_int(self, "cheb_degree", 2)
+        _check_int(self, "pi_steps", 1)
+        _check_int(self, "pim_vectors", 1)
+        _check_int(self, "scaling_seed", 0)
+        s = self.start_prec_step
+        if not (s == math.inf or (_is_int(s) and s >= 1)):
+            raise ValueError(f"DashConfig.start_prec_step must be an integer >= 1 or math.inf, got {s!r}")
+        _check_choice(self, "solver", SOLVERS)
+        _check_choice(self, "scaling", SCALINGS)
+        _check_choice(self, "eigh_heuristic", EIGH_HEURISTICS)
+        _check_choice(self, "grafting", GRAFTINGS)
+        _check_choice(self, "one_dim", ONE_DIM)
+        _check_choice(self, "matmul_dtype", DTYPES)
+        _check_choice(self, "scaling_dtype", ("float32", "float64"))
+        for name in ("eps", "eps_power_iter", "weight_decay", "weight_decay_1d", "mu"):
+            _check_float(self, name, 0.0, math.inf, "[0, inf)")
+        for name in ("cn_tol", "cheb_eps", "scaling_const", "eps_graft", "adamw_eps"):
+            _check_float(self, name, 0.0, math.inf, "(0, inf)", low_open=True)
+        for name in ("beta_G", "beta_graft", "adamw_beta1", "adamw_beta2"):
+            _check_float(self, name, 0.0, 1.0, "[0, 1)", high_open=True)
+        _check_float(self, "beta_LR", 0.0, 1.0, "[0, 1]")
+        if self.mu >= 1.0:
+            raise ValueError(f"DashConfig.mu must be in [0, 1), got {self.mu!r}")
+        for name in ("cn_masking", "bias_correction", "nesterov"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"DashConfig.{name} must be a bool, got {getattr(self, name)!r}")
+
+    def replace(self, **changes) -> "DashConfig":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_int(config: DashConfig, name: str, low: int) -> None:
+    value = getattr(config, name)
+    if not _is_int(value) or value < low:
+        raise ValueError(f"DashConfig.{name} must be an integer >= {low}, got {value!r}")
+
+
+def _check_choice(config: DashConfig, name: str, choices: tuple) -> None:
+    value = getattr(config, name)
+    if value not in choices:
+        raise ValueError(f"DashConfig.{name} must be one of {choices}, got {value!r}")
+
+
+def _check_float(config, name, low, high, allowed, low_open=False, high_open=False) -> None:
+    value = getattr(config, name)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok:
+        ok = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+    if not ok:
+        raise ValueError(f"DashConfig.{name} must be a finite number in {allowed}, got {value!r}")

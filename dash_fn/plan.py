@@ -1,0 +1,216 @@
+"""The blocking plan: how every parameter is cut into blocks and where each block lives.
+
+ALGORITHM.md sections 2-3. A matrix parameter is viewed as (R, C); its rows split into full
+parts of ``block_size`` plus a remainder, likewise its columns, so the view is a grid of at
+most 2 x 2 *regions*, each a grid of equal blocks (full blocks, right strip, bottom strip,
+corner). Blocks of equal shape across all parameters form one *block group*, stacked as one
+(N, r, c) tensor; a parameter's blocks of one shape are consecutive in their group, row-major.
+Each group's left factors (and then its right factors) occupy one contiguous slice of the
+*factor stack* of their size, so one batched solver call per factor size refreshes every root.
+
+A vector under one-sided Shampoo is an (n, 1) matrix cut only along its rows. Vectors under
+AdamW live in one flat buffer.
+
+The plan is plain frozen data: it is hashable, stored in the state, and a constant to
+torch.compile. ``gather`` and ``scatter`` are exact inverses (only views, slices, reshapes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+MATRIX, SEGMENTS, ADAMW, EMPTY = "matrix", "segments", "adamw", "empty"
+
+
+@dataclass(frozen=True)
+class Region:
+    """An ``n_rows x n_cols`` grid of equal ``block_rows x block_cols`` blocks in a 2-D view."""
+
+    row_start: int
+    n_rows: int
+    block_rows: int
+    col_start: int
+    n_cols: int
+    block_cols: int
+    group: int  # index of the block group holding these blocks
+    offset: int  # index of the region's first block within that group
+
+    @property
+    def count(self) -> int:
+        return self.n_rows * self.n_cols
+
+
+@dataclass(frozen=True)
+class ParamPlan:
+    """How one parameter is handled: its kind, its 2-D view, and its regions."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    kind: str  # MATRIX, SEGMENTS (one-sided Shampoo vector), ADAMW (vector) or EMPTY
+    view: tuple[int, int]  # (R, C); vectors are (n, 1)
+    regions: tuple[Region, ...]
+    flat_offset: int  # start in the flat AdamW buffers (kind ADAMW only)
+
+    @property
+    def numel(self) -> int:
+        return self.view[0] * self.view[1]
+
+
+@dataclass(frozen=True)
+class FactorSlice:
+    """Where a group's left or right factors live: stack index and first position."""
+
+    stack: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class BlockGroup:
+    """All blocks of one shape, stacked as (count, rows, cols)."""
+
+    rows: int
+    cols: int
+    one_sided: bool
+    count: int
+    left: FactorSlice
+    right: FactorSlice | None  # None for one-sided groups
+
+
+@dataclass(frozen=True)
+class FactorStack:
+    """Factors of one size and root order, stacked as (count, size, size)."""
+
+    size: int
+    order: int  # p: 4 for two-sided blocks, 2 for one-sided segments
+    count: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything ``step`` needs to know about the parameters, fixed at ``init``."""
+
+    block_size: int
+    dtype: torch.dtype  # of all optimizer state and arithmetic: float64 if any param is, else float32
+    params: tuple[ParamPlan, ...]
+    groups: tuple[BlockGroup, ...]
+    factors: tuple[FactorStack, ...]
+    adamw_numel: int
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.params)
+
+
+def matrix_view(shape: Sequence[int]) -> tuple[str, tuple[int, int]]:
+    """Kind and 2-D view of a parameter shape (ALGORITHM.md 2.1): size-1 dims are dropped,
+    2+ remaining dims become (first, rest), one or none become a vector."""
+    numel = 1
+    for d in shape:
+        numel *= d
+    if numel == 0:
+        return EMPTY, (0, 1)
+    squeezed = [d for d in shape if d != 1]
+    if len(squeezed) >= 2:
+        return MATRIX, (squeezed[0], numel // squeezed[0])
+    return "vector", (numel, 1)
+
+
+def _parts(length: int, block_size: int) -> list[tuple[int, int, int]]:
+    """Split [0, length) into (start, count, size): full blocks, then the remainder."""
+    full, rest = divmod(length, block_size)
+    parts = [(0, full, block_size)] if full else []
+    if rest:
+        parts.append((full * block_size, 1, rest))
+    return parts
+
+
+def make_plan(shapes: Sequence[tuple[str, tuple[int, ...], torch.dtype]], block_size: int, one_dim: str) -> Plan:
+    """Build the plan for parameters given as (name, shape, dtype) in canonical order."""
+    group_index: dict[tuple[int, int, bool], int] = {}
+    group_counts: list[int] = []
+    group_keys: list[tuple[int, int, bool]] = []
+    params = []
+    adamw_numel = 0
+    for name, shape, dtype in shapes:
+        kind, (R, C) = matrix_view(shape)
+        if kind == "vector":
+            kind = SEGMENTS if one_dim == "shampoo" else ADAMW
+        regions = []
+        if kind in (MATRIX, SEGMENTS):
+            one_sided = kind == SEGMENTS
+            col_parts = [(0, 1, 1)] if one_sided else _parts(C, block_size)
+            for row_start, n_rows, block_rows in _parts(R, block_size):
+                for col_start, n_cols, block_cols in col_parts:
+                    key = (block_rows, block_cols, one_sided)
+                    if key not in group_index:
+                        group_index[key] = len(group_keys)
+                        group_keys.append(key)
+                        group_counts.append(0)
+                    g = group_index[key]
+                    regions.append(Region(row_start, n_rows, block_rows, col_start, n_cols, block_cols, g, group_counts[g]))
+                    group_counts[g] += n_rows * n_cols
+        params.append(ParamPlan(name, tuple(shape), dtype, kind, (R, C), tuple(regions), adamw_numel))
+        if kind == ADAMW:
+            adamw_numel += R
+
+    # Factor stacks keyed by (size, order), in order of first appearance: a group's left
+    # factors form one slice, its right factors the next slice of their own size's stack.
+    stack_index: dict[tuple[int, int], int] = {}
+    stack_counts: list[int] = []
+    stack_keys: list[tuple[int, int]] = []
+
+    def take(size: int, order: int, count: int) -> FactorSlice:
+        key = (size, order)
+        if key not in stack_index:
+            stack_index[key] = len(stack_keys)
+            stack_keys.append(key)
+            stack_counts.append(0)
+        k = stack_index[key]
+        stack_counts[k] += count
+        return FactorSlice(k, stack_counts[k] - count)
+
+    groups = []
+    for (rows, cols, one_sided), count in zip(group_keys, group_counts):
+        left = take(rows, 2 if one_sided else 4, count)
+        right = None if one_sided else take(cols, 4, count)
+        groups.append(BlockGroup(rows, cols, one_sided, count, left, right))
+    factors = tuple(FactorStack(size, order, n) for (size, order), n in zip(stack_keys, stack_counts))
+    dtype = torch.float64 if any(dtype == torch.float64 for _, _, dtype in shapes) else torch.float32
+    return Plan(block_size, dtype, tuple(params), tuple(groups), factors, adamw_numel)
+
+
+def region_blocks(view: torch.Tensor, region: Region) -> torch.Tensor:
+    """The region's blocks of a 2-D view as a (count, block_rows, block_cols) stack, row-major."""
+    r, c = region.block_rows, region.block_cols
+    sub = view[region.row_start : region.row_start + region.n_rows * r, region.col_start : region.col_start + region.n_cols * c]
+    return sub.reshape(region.n_rows, r, region.n_cols, c).permute(0, 2, 1, 3).reshape(region.count, r, c)
+
+
+def gather(plan: Plan, tensors: Sequence[torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor]:
+    """Cut every matrix/segment parameter-shaped tensor into blocks: one (N, r, c) stack per group."""
+    pieces: list[list[torch.Tensor]] = [[] for _ in plan.groups]
+    for p, x in zip(plan.params, tensors):
+        if p.regions:
+            view = x.reshape(p.view).to(dtype)
+            for region in p.regions:  # regions are visited in offset order within each group
+                pieces[region.group].append(region_blocks(view, region))
+    return [blocks[0] if len(blocks) == 1 else torch.cat(blocks) for blocks in pieces]
+
+
+def scatter_param(p: ParamPlan, stacks: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Reassemble one parameter's 2-D view from the group stacks (inverse of ``gather``)."""
+    rows = []
+    for region in p.regions:
+        blocks = stacks[region.group][region.offset : region.offset + region.count]
+        r, c = region.block_rows, region.block_cols
+        tile = blocks.reshape(region.n_rows, region.n_cols, r, c).permute(0, 2, 1, 3).reshape(region.n_rows * r, region.n_cols * c)
+        if region.col_start == 0:
+            rows.append([tile])
+        else:
+            rows[-1].append(tile)
+    bands = [torch.cat(tiles, dim=1) if len(tiles) > 1 else tiles[0] for tiles in rows]
+    return torch.cat(bands) if len(bands) > 1 else bands[0]

@@ -1,0 +1,82 @@
+"""Batched inverse p-th roots of stacks of symmetric PSD blocks, and the per-block fallback.
+
+Every solver maps a (K, b, b) stack and an order p to a (K, b, b) stack of ``X^{-1/p}``
+(of the solver's regularized X), block by block, with a fixed amount of work: no host syncs,
+no data-dependent Python branches, no global RNG, so the call traces under
+``torch.compile(fullgraph=True)`` and is capturable by CUDA graphs.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ..config import DashConfig
+from .eigh import eigh_inverse_root
+
+# solver name -> fn(X, p, config, start_vectors) -> X^{-1/p}
+Solver = Callable[[torch.Tensor, int, DashConfig, "torch.Tensor | None"], torch.Tensor]
+SOLVERS: dict[str, Solver] = {
+    "eigh": lambda X, p, config, V0: eigh_inverse_root(X, p, eps=config.eps, heuristic=config.eigh_heuristic),
+}
+
+
+def resolve_solver(config: DashConfig, device: torch.device) -> str:
+    """The solver a config runs on a device (``auto`` picks per device)."""
+    if config.solver != "auto":
+        return config.solver
+    return "eigh" if device.type == "cpu" else "ndb"
+
+
+def uses_start_vectors(config: DashConfig, solver: str) -> bool:
+    """Whether the solver scales by power iteration, which needs stored start vectors."""
+    return solver != "eigh" and config.scaling in ("pi", "pim")
+
+
+def start_vectors(size: int, config: DashConfig, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+    """Deterministic unit start vectors (size, k) for power iteration (ALGORITHM.md 6).
+
+    Drawn from N(0, 1) by a private generator seeded from (scaling_seed, size), in float64 on
+    the CPU, so every device, rank and run gets the same vectors and the global RNG is untouched.
+    """
+    k = config.pim_vectors if config.scaling == "pim" else 1
+    generator = torch.Generator().manual_seed(config.scaling_seed * 1_000_003 + size)
+    V = torch.randn(size, k, generator=generator, dtype=torch.float64)
+    V = V / V.norm(dim=0, keepdim=True)
+    return V.to(dtype=dtype, device=device)
+
+
+def inverse_root(stack: torch.Tensor, p: int, config: DashConfig = DashConfig(), start: torch.Tensor | None = None) -> torch.Tensor:
+    """``X^{-1/p}`` for every block of a (K, b, b) stack of symmetric PSD matrices.
+
+    Uses ``config.solver`` with its settings (``auto`` picks by the stack's device). ``start``
+    are power-iteration start vectors (b, k); by default the deterministic ones of
+    :func:`start_vectors`. The result has the input's shape and dtype.
+    """
+    if stack.ndim != 3 or stack.shape[-1] != stack.shape[-2]:
+        raise ValueError(f"inverse_root expects a (K, b, b) stack, got shape {tuple(stack.shape)}")
+    if not isinstance(p, int) or p < 1:
+        raise ValueError(f"inverse_root: p must be a positive integer, got {p!r}")
+    solver = resolve_solver(config, stack.device)
+    if start is None and uses_start_vectors(config, solver):
+        start = start_vectors(stack.shape[-1], config, stack.dtype, stack.device)
+    return SOLVERS[solver](stack, p, config, start)
+
+
+def refresh_roots(
+    factors: torch.Tensor, roots: torch.Tensor, p: int, config: DashConfig, start: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """New roots for a factor stack, keeping a block's old root where its refresh fails.
+
+    ALGORITHM.md 7.2: a block with a non-finite factor is solved as I (so it cannot spoil
+    anything) and, like a block whose new root is non-finite, keeps its previous root.
+    Returns (roots, number of blocks that fell back) without any host sync.
+    """
+    solver = resolve_solver(config, factors.device)
+    finite_factor = torch.isfinite(factors).all(dim=(-2, -1))
+    identity = torch.eye(factors.shape[-1], dtype=factors.dtype, device=factors.device)
+    safe = torch.where(finite_factor[:, None, None], factors, identity)
+    new = SOLVERS[solver](safe, p, config, start)
+    ok = finite_factor & torch.isfinite(new).all(dim=(-2, -1))
+    return torch.where(ok[:, None, None], new, roots).contiguous(), (~ok).sum()

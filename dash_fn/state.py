@@ -1,0 +1,79 @@
+"""``init``: the optimizer state as one TensorDict of stacked blocks (ALGORITHM.md 3.4)."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from tensordict import TensorDict
+
+from .config import DashConfig
+from .inputs import check_params, flatten
+from .plan import Plan, make_plan
+from .roots import resolve_solver, start_vectors, uses_start_vectors
+
+
+def init(params, config: DashConfig = DashConfig()) -> TensorDict:
+    """Create the DASH state for ``params`` (a Mapping[str, Tensor] or a TensorDict).
+
+    Layout (all tensors in the plan's dtype, on the params' device)::
+
+        step                      int64 0-d, the number of steps taken
+        groups/<g>/Gt, A, M       per block group (N, r, c): gradient EMA (if beta_G > 0),
+                                  grafting moment, momentum (if mu > 0)
+        factors/<k>/F, Fbar       per factor stack (K, b, b): factors and their inverse roots
+        factors/<k>/fallbacks     int64 0-d, blocks whose refresh failed and kept the old root
+        start_vectors/<b>         (b, k) power-iteration start vectors, when the solver scales by PI
+        adamw/m, v                flat moments of the vectors under AdamW
+        config, plan              non-tensor data: the DashConfig and the blocking plan
+
+    Matrix parameters cost 6 floats per entry at mu = 0 (factors 2, roots 2, Gt 1, A 1).
+    """
+    if not isinstance(config, DashConfig):
+        raise TypeError(f"init: config must be a DashConfig, got {type(config).__name__}")
+    _, names, tensors = flatten(params, "params")
+    check_params(names, tensors)
+    if len(set(names)) != len(names):
+        raise ValueError("init: params names a parameter twice")
+    device = tensors[0].device
+    plan = make_plan([(n, tuple(x.shape), x.dtype) for n, x in zip(names, tensors)], config.block_size, config.one_dim)
+    _warn_about_precision(config, device)
+    return TensorDict(_layout(plan, config, device), batch_size=[], device=device).set_non_tensor("config", config).set_non_tensor("plan", plan)
+
+
+def _layout(plan: Plan, config: DashConfig, device: torch.device) -> dict:
+    def zeros(*shape):
+        return torch.zeros(shape, dtype=plan.dtype, device=device)
+
+    groups = {}
+    for g, group in enumerate(plan.groups):
+        shape = (group.count, group.rows, group.cols)
+        entry = {"A": zeros(*shape)}
+        if config.beta_G > 0:
+            entry["Gt"] = zeros(*shape)
+        if config.mu > 0:
+            entry["M"] = zeros(*shape)
+        groups[str(g)] = entry
+    factors = {}
+    for k, stack in enumerate(plan.factors):
+        eye = torch.eye(stack.size, dtype=plan.dtype, device=device)
+        factors[str(k)] = {
+            "F": zeros(stack.count, stack.size, stack.size),
+            "Fbar": eye.expand(stack.count, -1, -1).clone(),  # roots start at I
+            "fallbacks": torch.zeros((), dtype=torch.int64, device=device),
+        }
+    layout = {"step": torch.zeros((), dtype=torch.int64, device=device), "groups": groups, "factors": factors}
+    if uses_start_vectors(config, resolve_solver(config, device)):
+        sizes = sorted({stack.size for stack in plan.factors})
+        layout["start_vectors"] = {str(b): start_vectors(b, config, plan.dtype, device) for b in sizes}
+    if plan.adamw_numel:
+        layout["adamw"] = {"m": zeros(plan.adamw_numel), "v": zeros(plan.adamw_numel)}
+    return layout
+
+
+def _warn_about_precision(config: DashConfig, device: torch.device) -> None:
+    solver = resolve_solver(config, device)
+    if solver == "eigh" or config.matmul_dtype == "float32":
+        return
+    if solver == "ndb":
+        warnings.warn(f"NDB with matmul_dtype={config.matmul_dtype} is reported unstable (the DASH paper ran NDB in float32 only)", stacklevel=3)

@@ -1,0 +1,205 @@
+"""``step``: one DASH update on stacked blocks (ALGORITHM.md section 4).
+
+Data flows one way: grads -> plan.gather -> block stacks -> factor/moment updates -> roots
+refreshed on schedule -> grafted Shampoo directions -> plan.scatter -> new params.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from tensordict import TensorDict
+
+from .config import DashConfig
+from .inputs import check_step_inputs, flatten, order_like_plan, rebuild
+from .plan import ADAMW, EMPTY, SEGMENTS, Plan, gather, scatter_param
+from .roots import refresh_roots
+
+
+def is_refresh_step(config: DashConfig, t: int) -> bool:
+    """Whether step number ``t`` (the first step is 1) refreshes the roots.
+
+    ``refresh(t) = t == s or (t > s and t % inv_root_freq == 0)`` with s = start_prec_step.
+    A caller that passes ``refresh=`` to :func:`step` should pass ``is_refresh_step(config, t)``.
+    """
+    s = config.start_prec_step
+    return t == s or (t > s and t % config.inv_root_freq == 0)
+
+
+def step(params, grads, state: TensorDict, *, lr, refresh: bool | None = None):
+    """Apply one DASH step; returns ``(new_params, state)``.
+
+    ``params`` and ``grads`` are Mapping[str, Tensor] or TensorDicts with the names, shapes,
+    dtypes and device the state was initialized with; ``new_params`` comes back in the same
+    kind of container. ``lr`` is a float or a 0-d tensor (a tensor never recompiles).
+
+    ``refresh=None`` decides on the device, from the step counter, whether this step
+    recomputes the inverse roots (one ``torch.cond``: no host sync, one compiled graph).
+    ``refresh=True/False`` picks the branch statically (pass :func:`is_refresh_step` of the
+    new step number); that form gives two graphs, which CUDA graphs capture most reliably.
+
+    Buffer donation: the input params are never modified, but the state's tensors are updated
+    in place and the same TensorDict is returned (like JAX's donated buffers), so memory holds
+    one copy of the state. Clone the state first if you need the old one.
+
+    A call whose inputs do not match the state raises ValueError/TypeError naming the first
+    mismatch, before anything is modified.
+    """
+    if not isinstance(state, TensorDict) or "plan" not in state.keys():
+        raise TypeError("step: state must be the TensorDict returned by dash_fn.init")
+    config: DashConfig = state["config"]
+    plan: Plan = state["plan"]
+    keys, names, param_list = flatten(params, "params")
+    _, grad_names, grad_list = flatten(grads, "grads")
+    ordered_params = order_like_plan(plan, names, param_list, "params")
+    ordered_grads = order_like_plan(plan, grad_names, grad_list, "grads")
+    check_step_inputs(plan, state, ordered_params, ordered_grads, lr, refresh)
+    with torch.no_grad():
+        updated = dict(zip(plan.names, _apply(plan, config, state, ordered_params, ordered_grads, lr, refresh)))
+    return rebuild(params, keys, [updated[n] for n in names]), state
+
+
+def _apply(plan: Plan, config: DashConfig, state: TensorDict, params, grads, lr, refresh) -> list[torch.Tensor]:
+    t = state["step"] + 1
+    state["step"].copy_(t)
+    blocks = gather(plan, grads, plan.dtype)
+    grafting_moments, momenta = _accumulate(plan, config, state, blocks, t)
+    s = config.start_prec_step
+    if s != math.inf and refresh is not False:
+        _refresh(plan, config, state, t, refresh)
+    directions = [
+        _direction(plan, config, state, g, G, A, t) for g, (G, A) in enumerate(zip(momenta, grafting_moments))
+    ]
+    if config.mu > 0:
+        directions = [_momentum(config, state["groups", str(g), "M"], P) for g, P in enumerate(directions)]
+    return _update_params(plan, config, state, params, grads, directions, lr, t)
+
+
+def _bias_correction(beta: float, t: torch.Tensor, dtype: torch.dtype):
+    return 1 - beta ** t.to(dtype)
+
+
+def _accumulate(plan: Plan, config: DashConfig, state: TensorDict, blocks, t):
+    """Factor EMAs (b), grafting moments (c), gradient EMAs (e); returns (A/cA, Gt/cG) per group."""
+    moments, momenta = [], []
+    for g, (group, G) in enumerate(zip(plan.groups, blocks)):
+        entry = state["groups", str(g)]
+        for side, X in ((group.left, G @ G.mT), (group.right, G.mT @ G)):
+            if side is None:
+                continue
+            F = state["factors", str(side.stack), "F"][side.offset : side.offset + group.count]
+            if config.beta_LR < 1:
+                F.mul_(config.beta_LR).add_(X, alpha=1 - config.beta_LR)
+            else:
+                F.add_(X)
+        A = entry["A"]
+        if config.grafting == "adam":
+            A.mul_(config.beta_graft).addcmul_(G, G, value=1 - config.beta_graft)
+            cA = _bias_correction(config.beta_graft, t, plan.dtype) if config.bias_correction else None
+        else:
+            A.addcmul_(G, G)
+            cA = None
+        moments.append((A, cA))
+        if config.beta_G > 0:
+            Gt = entry["Gt"]
+            Gt.lerp_(G, 1 - config.beta_G)
+            cG = _bias_correction(config.beta_G, t, plan.dtype) if config.bias_correction else None
+            momenta.append((Gt, cG))
+        else:
+            momenta.append((G, None))
+    return moments, momenta
+
+
+def _refresh(plan: Plan, config: DashConfig, state: TensorDict, t, refresh) -> None:
+    """Recompute every root stack (d), on the device-side schedule or the caller's flag."""
+    F = [state["factors", str(k), "F"] for k in range(len(plan.factors))]
+    Fbar = [state["factors", str(k), "Fbar"] for k in range(len(plan.factors))]
+    V0 = [state["start_vectors", str(stack.size)] if "start_vectors" in state.keys() else None for stack in plan.factors]
+    n = len(F)
+
+    def solve(*operands):
+        outs = [
+            refresh_roots(f, fb, stack.order, config, v)
+            for stack, f, fb, v in zip(plan.factors, operands[:n], operands[n : 2 * n], V0)
+        ]
+        return tuple(r for r, _ in outs) + tuple(c for _, c in outs)
+
+    def keep(*operands):
+        return tuple(fb.clone() for fb in operands[n : 2 * n]) + tuple(
+            torch.zeros((), dtype=torch.int64, device=fb.device) for fb in operands[n : 2 * n]
+        )
+
+    if refresh is None:
+        s, f = config.start_prec_step, config.inv_root_freq
+        due = (t == s) | ((t > s) & (t % f == 0))
+        out = torch.cond(due, solve, keep, tuple(F) + tuple(Fbar))
+    else:
+        out = solve(*F, *Fbar)
+    for k in range(n):
+        Fbar[k].copy_(out[k])
+        state["factors", str(k), "fallbacks"].add_(out[n + k])
+
+
+def _block_norm(X: torch.Tensor) -> torch.Tensor:
+    """Frobenius norm of each block, (N, 1, 1), without overflow: max|X| * ||X / max|X|||."""
+    peak = X.abs().amax(dim=(-2, -1), keepdim=True)
+    safe = torch.where(peak > 0, peak, torch.ones_like(peak))
+    return torch.linalg.vector_norm(X / safe, dim=(-2, -1), keepdim=True) * peak
+
+
+def _direction(plan: Plan, config: DashConfig, state: TensorDict, g: int, momentum, moment, t):
+    """Adam direction D (f), and for t >= s the grafted Shampoo direction (g)."""
+    Gt, cG = momentum
+    A, cA = moment
+    first = Gt if cG is None else Gt / cG
+    denom = A.sqrt() if cA is None else A.sqrt() / cA.sqrt()
+    D = first / (denom + config.eps_graft)
+    s = config.start_prec_step
+    if s == math.inf:
+        return D
+    group = plan.groups[g]
+    left = state["factors", str(group.left.stack), "Fbar"][group.left.offset : group.left.offset + group.count]
+    U = left @ Gt
+    if group.right is not None:
+        U = U @ state["factors", str(group.right.stack), "Fbar"][group.right.offset : group.right.offset + group.count]
+    graft = torch.linalg.vector_norm(D, dim=(-2, -1), keepdim=True)
+    P = U * (graft / (_block_norm(U) + 1e-16))
+    return P if s == 1 else torch.where(t >= s, P, D)
+
+
+def _momentum(config: DashConfig, M: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
+    """Heavy-ball momentum (h): M <- mu M + P; Nesterov returns P + mu M."""
+    M.mul_(config.mu).add_(P)
+    return P + config.mu * M if config.nesterov else M.clone()
+
+
+def _update_params(plan: Plan, config: DashConfig, state: TensorDict, params, grads, directions, lr, t):
+    """Weight decay (a) and the update (i) for matrices; AdamW (j) for vectors."""
+    adamw_dirs = _adamw_directions(plan, config, state, grads, t) if plan.adamw_numel else None
+    out = []
+    for p, W in zip(plan.params, params):
+        if p.kind == EMPTY:
+            out.append(W)
+            continue
+        if p.kind == ADAMW:
+            update, decay = adamw_dirs[p.flat_offset : p.flat_offset + p.numel].reshape(p.shape), config.weight_decay_1d
+        else:
+            update = scatter_param(p, directions).reshape(p.shape)
+            decay = config.weight_decay_1d if p.kind == SEGMENTS else config.weight_decay
+        X = W.to(plan.dtype)
+        if decay:
+            X = X * (1 - lr * decay)
+        out.append((X - lr * update).to(W.dtype))
+    return out
+
+
+def _adamw_directions(plan: Plan, config: DashConfig, state: TensorDict, grads, t) -> torch.Tensor:
+    """Bias-corrected Adam direction of all AdamW vectors, in one flat buffer (j)."""
+    g = torch.cat([x.reshape(-1) for p, x in zip(plan.params, grads) if p.kind == ADAMW]).to(plan.dtype)
+    m, v = state["adamw", "m"], state["adamw", "v"]
+    b1, b2 = config.adamw_beta1, config.adamw_beta2
+    m.lerp_(g, 1 - b1)
+    v.mul_(b2).addcmul_(g, g, value=1 - b2)
+    denom = v.sqrt() / _bias_correction(b2, t, plan.dtype).sqrt() + config.adamw_eps
+    return m / denom / _bias_correction(b1, t, plan.dtype)

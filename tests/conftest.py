@@ -1,0 +1,35 @@
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".cache", "inductor"))
+
+MIXED_SHAPES = {"square": (64, 64), "rect": (100, 37), "conv": (3, 5, 7, 7), "bias": (256,), "vec": (7,), "scalar": ()}
+
+
+def mixed_params(dtype=torch.float32, seed=0, shapes=MIXED_SHAPES):
+    gen = torch.Generator().manual_seed(seed)
+    return {k: torch.randn(s, generator=gen, dtype=torch.float64).to(dtype) for k, s in shapes.items()}
+
+
+def random_grads(params, step, scale=1.0, seed=0):
+    """Deterministic gradients with some structure (low rank + noise) so factors are anisotropic."""
+    gen = torch.Generator().manual_seed(1000 * seed + step)
+    out = {}
+    for k, W in params.items():
+        g = torch.randn(W.shape, generator=gen, dtype=torch.float64)
+        if W.ndim >= 2:
+            flat = g.reshape(W.shape[0], -1)
+            u = torch.randn(flat.shape[0], 1, generator=gen, dtype=torch.float64)
+            v = torch.randn(1, flat.shape[1], generator=gen, dtype=torch.float64)
+            g = (flat + 3 * u @ v).reshape(W.shape)
+        out[k] = (scale * g).to(W.dtype)
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _reset_dynamo():
+    """Every test compiles from scratch: no recompile-limit or counter leakage between tests."""
+    torch._dynamo.reset()
+    yield

@@ -42,6 +42,8 @@ class DashConfig:
     eigh_heuristic: str = "shampoo"
     cn_tol: float = 1e-6
     cn_masking: bool = True
+    ndb_tol: float = 1e-6
+    ndb_masking: bool = False
     cheb_degree: int = 60
     cheb_eps: float = 1e-3
     scaling_const: float = 2.0
@@ -86,14 +88,14 @@ class DashConfig:
         _check_choice(self, "scaling_dtype", ("float32", "float64"))
         for name in ("eps", "eps_power_iter", "weight_decay", "weight_decay_1d", "mu"):
             _check_float(self, name, 0.0, math.inf, "[0, inf)")
-        for name in ("cn_tol", "cheb_eps", "scaling_const", "eps_graft", "adamw_eps"):
+        for name in ("cn_tol", "ndb_tol", "cheb_eps", "scaling_const", "eps_graft", "adamw_eps"):
             _check_float(self, name, 0.0, math.inf, "(0, inf)", low_open=True)
         for name in ("beta_G", "beta_graft", "adamw_beta1", "adamw_beta2"):
             _check_float(self, name, 0.0, 1.0, "[0, 1)", high_open=True)
         _check_float(self, "beta_LR", 0.0, 1.0, "[0, 1]")
         if self.mu >= 1.0:
             raise ValueError(f"DashConfig.mu must be in [0, 1), got {self.mu!r}")
-        for name in ("cn_masking", "bias_correction", "nesterov"):
+        for name in ("cn_masking", "ndb_masking", "bias_correction", "nesterov"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"DashConfig.{name} must be a bool, got {getattr(self, name)!r}")
 

@@ -13,12 +13,18 @@ from typing import Callable
 import torch
 
 from ..config import DashConfig
+from .chebyshev import chebyshev_inverse_root
+from .cn import cn_inverse_root
 from .eigh import eigh_inverse_root
+from .ndb import ndb_inverse_root
 
 # solver name -> fn(X, p, config, start_vectors) -> X^{-1/p}
 Solver = Callable[[torch.Tensor, int, DashConfig, "torch.Tensor | None"], torch.Tensor]
 SOLVERS: dict[str, Solver] = {
     "eigh": lambda X, p, config, V0: eigh_inverse_root(X, p, eps=config.eps, heuristic=config.eigh_heuristic),
+    "cn": cn_inverse_root,
+    "ndb": ndb_inverse_root,
+    "chebyshev": chebyshev_inverse_root,
 }
 
 

@@ -1,0 +1,71 @@
+"""Chebyshev (Clenshaw) inverse p-th roots (ALGORITHM.md 5.4).
+
+``f(x) = x^{-1/p}`` is fitted once per (delta = cheb_eps, d = cheb_degree, p) on
+``[delta, 1 + delta]`` by the Chebyshev series at N = 10000 nodes of the first kind
+``theta_j = pi (j + 1/2) / N``, ``x_j = delta + (1 + cos theta_j) / 2``:
+
+    c_k = (2 / N) sum_j f(x_j) cos(k theta_j),  k = 0..d,   then c_0 <- c_0 / 2.
+
+A block with scale s (no eps added) maps to ``S = 2 X / s - I`` (spectrum in [-1, 1] when
+s >= lambda_max, always under fro), and Clenshaw's recurrence
+
+    b_d = c_d I,  b_{d-1} = 2 c_d S + c_{d-1} I,  b_k = 2 S b_{k+1} - b_{k+2} + c_k I,
+    q = S b_1 - b_2 + c_0 I
+
+evaluates ``q = sum_k c_k T_k(S) ~ (X / s + delta I)^{-1/p}`` with d - 1 products. The result
+``s^{-1/p} q ~ (X + delta s I)^{-1/p}`` is a true inverse root of a relatively shifted block.
+Accuracy is set by the fit near the lower end: delta >= 1e-3 with d = 60 (the default) fits to
+~1e-3 relative; delta = 1e-2 to ~1e-7. Any real p > 0 works. ``matmul_dtype`` rounds S and
+``b_{k+1}``; coefficients are Python floats (exact in float64, rounded to float32 by float32 ops).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..config import DashConfig
+from .matmul import rounded_matmul
+from .scaling import matrix_scale
+
+FIT_NODES = 10000
+_coefficient_cache: dict[tuple[float, int, float, int], tuple[float, ...]] = {}
+
+
+def fit_coefficients(delta: float, degree: int, p: float, nodes: int = FIT_NODES) -> tuple[float, ...]:
+    """``c_0..c_degree`` of ``x^{-1/p}`` on ``[delta, 1 + delta]`` (float64, see module doc)."""
+    theta = np.pi * (np.arange(nodes) + 0.5) / nodes
+    values = (delta + (1.0 + np.cos(theta)) / 2.0) ** (-1.0 / p)
+    c = (2.0 / nodes) * (np.cos(np.outer(np.arange(degree + 1), theta)) @ values)
+    c[0] /= 2.0
+    return tuple(float(v) for v in c)
+
+
+@torch.compiler.assume_constant_result
+def chebyshev_coefficients(delta: float, degree: int, p: float) -> tuple[float, ...]:
+    """Cached :func:`fit_coefficients`; a constant to torch.compile (computed once at trace time)."""
+    key = (delta, degree, p, FIT_NODES)
+    if key not in _coefficient_cache:
+        _coefficient_cache[key] = fit_coefficients(delta, degree, p)
+    return _coefficient_cache[key]
+
+
+def clenshaw(S: torch.Tensor, coefficients: tuple[float, ...], matmul_dtype: str = "float32") -> torch.Tensor:
+    """``sum_k c_k T_k(S)`` for a (K, b, b) stack S, with ``len(coefficients) - 2`` products."""
+    identity = torch.eye(S.shape[-1], dtype=S.dtype, device=S.device)
+    c = coefficients
+    d = len(c) - 1
+    after = c[d] * identity  # b_{k+2}
+    current = 2 * c[d] * S + c[d - 1] * identity  # b_{k+1}
+    for k in range(d - 2, 0, -1):
+        after, current = current, 2 * rounded_matmul(S, current, matmul_dtype) - after + c[k] * identity
+    return rounded_matmul(S, current, matmul_dtype) - after + c[0] * identity
+
+
+def chebyshev_inverse_root(X: torch.Tensor, p: int, config: DashConfig, start: torch.Tensor | None) -> torch.Tensor:
+    """``~(X + cheb_eps s I)^{-1/p}`` per block: a degree ``cheb_degree`` Chebyshev polynomial."""
+    s = matrix_scale(X, config, start)
+    identity = torch.eye(X.shape[-1], dtype=X.dtype, device=X.device)
+    S = 2 * (X / s) - identity
+    q = clenshaw(S, chebyshev_coefficients(config.cheb_eps, config.cheb_degree, p), config.matmul_dtype)
+    return (s ** (-1.0 / p) * q).contiguous()

@@ -1,0 +1,86 @@
+"""Per-block scales s for the matmul solvers (ALGORITHM.md 6).
+
+Newton-type iterations converge only when the spectrum of X/s lies in their basin (X/s in
+(0, 2) for NDB and CN) and converge fast only near 1, so each block is scaled by an
+upper-bound-ish estimate of its largest eigenvalue:
+
+- ``fro``: ``s = ||X||_F >= lambda_max`` (no constant; the scaled spectrum is in (0, 1]).
+- ``pi``: ``s = scaling_const * lambda_hat`` from ``pi_steps`` power iterations on
+  ``Xd = X + eps_power_iter I`` from the start vector ``V0[:, 0]``.
+- ``pim``: as ``pi`` from all columns of ``V0`` at once, ``lambda_hat = max_j`` of the
+  per-vector Rayleigh quotients.
+
+Finally ``s >= 1e-30``. Every scale comes from its block alone. The start vectors are fixed
+data (see :func:`dash_fn.roots.start_vectors`), so nothing here draws random numbers.
+Norms are taken overflow-safely (entries are divided by the block's largest magnitude first),
+so blocks scaled by 1e20 or 1e-20 get finite, proportional scales in float32.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import DashConfig
+
+SCALE_FLOOR = 1e-30
+
+
+def _safe_norm(W: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+    """Euclidean norm over ``dims`` (kept), computed as ``peak * ||W / peak||`` so that squares
+    neither overflow nor underflow; zero where W is zero."""
+    peak = W.abs().amax(dim=dims, keepdim=True)
+    unit = torch.where(peak > 0, peak, torch.ones_like(peak))
+    return torch.linalg.vector_norm(W / unit, dim=dims, keepdim=True) * peak
+
+
+def frobenius_scale(X: torch.Tensor) -> torch.Tensor:
+    """``||X_k||_F`` per block, shape (K, 1, 1)."""
+    return _safe_norm(X, (-2, -1))
+
+
+def _normalize_columns(W: torch.Tensor) -> torch.Tensor:
+    """Columns scaled to unit length; zero columns stay zero."""
+    norm = _safe_norm(W, (-2,))
+    return W / torch.where(norm > 0, norm, torch.ones_like(norm))
+
+
+def rayleigh_estimates(X: torch.Tensor, V0: torch.Tensor, steps: int, damping: float) -> torch.Tensor:
+    """Per block and start vector, the Rayleigh quotient ``v^T Xd v / v^T v`` after ``steps``
+    power iterations ``v <- Xd v / ||Xd v||`` from ``V0[:, j]``, with ``Xd = X + damping I``.
+
+    X is (K, b, b), V0 is (b, k); returns (K, k). Each estimate is a Rayleigh quotient of Xd, so
+    it never exceeds ``lambda_max(X) + damping`` (up to rounding); a zero block gives
+    ``damping``. ``Xd v`` is formed as ``X v + damping v``: Xd itself is never built.
+    """
+    V = V0.to(X.dtype)
+    for _ in range(steps):
+        V = _normalize_columns(X @ V + damping * V)
+    XdV = X @ V + damping * V
+    quotient = (V * XdV).sum(dim=-2)
+    length = (V * V).sum(dim=-2)
+    # a zero iterate (only when damping = 0 and X = 0) gives estimate 0, then the scale floor
+    return quotient / torch.where(length > 0, length, torch.ones_like(length))
+
+
+def power_iteration_scale(X: torch.Tensor, V0: torch.Tensor, config: DashConfig) -> torch.Tensor:
+    """``scaling_const * max_j lambda_hat_j`` per block (K, 1, 1); ``pi`` uses only ``V0[:, 0]``."""
+    vectors = V0[:, :1] if config.scaling == "pi" else V0
+    estimates = rayleigh_estimates(X, vectors, config.pi_steps, config.eps_power_iter)
+    return config.scaling_const * estimates.amax(dim=-1)[:, None, None]
+
+
+def matrix_scale(X: torch.Tensor, config: DashConfig, V0: torch.Tensor | None) -> torch.Tensor:
+    """The scale s (K, 1, 1) of every block of the solver input X, in X's dtype.
+
+    Computed in the wider of X's dtype and ``config.scaling_dtype``, then floored at 1e-30 so
+    that zero blocks (with eps = 0) give a finite, positive scale.
+    """
+    dtype = torch.promote_types(X.dtype, getattr(torch, config.scaling_dtype))
+    Xs = X.to(dtype)
+    if config.scaling == "fro":
+        s = frobenius_scale(Xs)
+    else:
+        if V0 is None:
+            raise ValueError(f"scaling={config.scaling!r} needs start vectors (dash_fn.roots.start_vectors)")
+        s = power_iteration_scale(Xs, V0, config)
+    return s.clamp_min(SCALE_FLOOR).to(X.dtype)

@@ -1,0 +1,44 @@
+"""DashConfig validation: each bad value raises ValueError naming the field and the range."""
+
+import math
+
+import pytest
+
+import dash_fn
+
+BAD = [
+    ("block_size", 0), ("block_size", 2.5), ("block_size", True), ("newton_steps", 0), ("inv_root_freq", 0),
+    ("start_prec_step", 0), ("start_prec_step", 1.5), ("start_prec_step", -math.inf), ("cheb_degree", 1),
+    ("pi_steps", 0), ("pim_vectors", 0), ("scaling_seed", -1), ("solver", "svd"), ("scaling", "spectral"),
+    ("eigh_heuristic", "clip"), ("grafting", "sgd"), ("one_dim", "sgd"), ("matmul_dtype", "float64"),
+    ("scaling_dtype", "bfloat16"), ("eps", -1e-3), ("eps", math.nan), ("eps", math.inf), ("cn_tol", 0.0),
+    ("cheb_eps", 0.0), ("scaling_const", -2.0), ("eps_graft", 0.0), ("adamw_eps", 0.0), ("beta_G", 1.0),
+    ("beta_graft", -0.1), ("adamw_beta1", 1.0), ("adamw_beta2", 1.5), ("beta_LR", 1.01), ("mu", 1.0),
+    ("weight_decay", -0.1), ("weight_decay_1d", "0.1"), ("cn_masking", 1), ("bias_correction", "yes"), ("nesterov", None),
+]
+
+
+@pytest.mark.parametrize("field, value", BAD, ids=[f"{f}={v!r}" for f, v in BAD])
+def test_invalid_value_names_field(field, value):
+    with pytest.raises(ValueError, match=f"DashConfig.{field} must be"):
+        dash_fn.DashConfig(**{field: value})
+
+
+def test_defaults_follow_the_spec():
+    c = dash_fn.DashConfig()
+    assert (c.block_size, c.solver, c.scaling, c.newton_steps, c.inv_root_freq, c.start_prec_step) == (1024, "ndb", "pim", 10, 1, 1)
+    assert (c.eps, c.beta_G, c.beta_LR, c.beta_graft, c.eps_graft, c.mu, c.one_dim) == (1e-10, 0.9, 0.95, 0.95, 1e-8, 0.0, "adamw")
+
+
+def test_never_precondition_and_replace():
+    c = dash_fn.DashConfig(start_prec_step=math.inf)
+    assert c.replace(block_size=8).block_size == 8
+    with pytest.raises(ValueError, match="DashConfig.block_size"):
+        c.replace(block_size=-8)
+
+
+def test_frozen_and_hashable():
+    c = dash_fn.DashConfig()
+    with pytest.raises(Exception):
+        c.block_size = 3
+    assert hash(c) == hash(dash_fn.DashConfig())

@@ -101,7 +101,10 @@ def check_step_inputs(plan: Plan, state, params: list[torch.Tensor], grads: list
     if isinstance(lr, torch.Tensor):
         if lr.ndim != 0 or not lr.is_floating_point():
             raise ValueError(f"step: lr must be a float or a 0-d floating tensor, got a tensor of shape {tuple(lr.shape)} and dtype {lr.dtype}")
-    elif not isinstance(lr, Real) or isinstance(lr, bool) or not math.isfinite(lr) or lr < 0:
+    elif not isinstance(lr, Real) or isinstance(lr, bool):
+        raise ValueError(f"step: lr must be a finite number >= 0 or a 0-d tensor, got {lr!r}")
+    elif not torch.compiler.is_compiling() and not (math.isfinite(lr) and lr >= 0):
+        # a compiled step may see lr as a symbolic float, whose value is not known at trace time
         raise ValueError(f"step: lr must be a finite number >= 0 or a 0-d tensor, got {lr!r}")
     if refresh is not None and not isinstance(refresh, bool):
         raise TypeError(f"step: refresh must be None or a bool, got {type(refresh).__name__}")

@@ -1,0 +1,93 @@
+"""The compiled training step: loss, gradients and the DASH update in one torch.compile'd function.
+
+    python examples/compiled_step.py [--steps 40] [--solver eigh] [--backend inductor]
+
+``torch.func.grad_and_value`` computes loss and gradients of a functional model; ``dash_fn.step``
+applies the update; the whole train step compiles with ``fullgraph=True``. The learning rate
+changes every step (warm-up then cosine) and is passed as a 0-d tensor, so it never recompiles.
+Roots refresh every ``--inv-root-freq`` steps, decided on the device (``torch.cond``: one graph)
+or, with ``--refresh host`` (the default on CUDA, where the step runs under CUDA graphs with
+``mode="reduce-overhead"``), by a flag from the host (two graphs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import torch
+
+import dash_fn
+from llama import Llama, LlamaConfig, next_byte_loss
+
+
+def make_train_step(model: Llama, config: dash_fn.DashConfig, *, host_refresh: bool, **compile_kwargs):
+    """A compiled ``(params, state, tokens, lr, t) -> (params, state, loss)``.
+
+    ``t`` is the host-side number of the step being taken; it is only read when
+    ``host_refresh`` is set, to pass ``refresh=is_refresh_step(config, t)`` (a static branch).
+    """
+
+    def train_step(params, state, tokens, lr, refresh):
+        grads, loss = torch.func.grad_and_value(lambda p: next_byte_loss(model, p, tokens))(params)
+        params, state = dash_fn.step(params, grads, state, lr=lr, refresh=refresh)
+        return params, state, loss
+
+    compiled = torch.compile(train_step, fullgraph=True, **compile_kwargs)
+
+    def run(params, state, tokens, lr, t: int):
+        refresh = dash_fn.is_refresh_step(config, t) if host_refresh else None
+        return compiled(params, state, tokens, lr, refresh)
+
+    return run
+
+
+def lr_at(t: int, steps: int, peak: float, warmup: int) -> float:
+    """Linear warm-up to ``peak``, then cosine decay to 10% of it."""
+    if t <= warmup:
+        return peak * t / warmup
+    progress = (t - warmup) / max(1, steps - warmup)
+    return peak * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--solver", default="eigh")
+    parser.add_argument("--block-size", type=int, default=128)
+    parser.add_argument("--inv-root-freq", type=int, default=5)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--backend", default="inductor")
+    parser.add_argument("--refresh", choices=["device", "host"], default=None, help="default: host on CUDA, device elsewhere")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--d-model", type=int, default=128)
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    host_refresh = (args.refresh or ("host" if device.type == "cuda" else "device")) == "host"
+    compile_kwargs = {"backend": args.backend}
+    if device.type == "cuda" and args.backend == "inductor":
+        compile_kwargs["mode"] = "reduce-overhead"  # CUDA graphs
+
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig(d_model=args.d_model, n_layers=2, mlp_hidden=(8 * args.d_model) // 3, context=64)).to(device)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    config = dash_fn.DashConfig(block_size=args.block_size, solver=args.solver, inv_root_freq=args.inv_root_freq)
+    state = dash_fn.init(params, config)
+    train_step = make_train_step(model, config, host_refresh=host_refresh, **compile_kwargs)
+    data = torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0)).to(device)
+    data = torch.cat([data, data])  # a repeating sequence: learnable, so the loss must fall
+    lr = torch.tensor(0.0, device=device)
+    for t in range(1, args.steps + 1):
+        starts = torch.randint(0, 4096, (16,), generator=torch.Generator().manual_seed(t))
+        tokens = torch.stack([data[s : s + 65] for s in starts.tolist()])
+        lr.fill_(lr_at(t, args.steps, args.lr, warmup=5))
+        start = time.perf_counter()
+        params, state, loss = train_step(params, state, tokens, lr, t)
+        if t == 1 or t % 10 == 0 or t == args.steps:
+            print(f"step {t:4d}  loss {float(loss):.4f}  lr {float(lr):.2e}  {1e3 * (time.perf_counter() - start):8.1f} ms")
+    print(f"graphs compiled: {torch._dynamo.utils.counters['stats']['unique_graphs']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,271 @@
+"""Train a small byte-level Llama on the Python standard library's source, DASH beside AdamW.
+
+    python examples/train_lm.py                                  # the default comparison (~5 min, 2 CPU cores)
+    python examples/train_lm.py --runs adamw@3e-3 dash-ndb@1e-3 --seeds 0 1 2 --steps 400
+    python examples/train_lm.py --data my_corpus.txt --d-model 256 --device cuda
+
+Each run is OPTIMIZER@LR: ``adamw`` (torch.optim.AdamW, foreach) or ``dash-SOLVER`` (dash_fn with
+that root solver; ``dash`` alone is the default solver for the device). Every run trains the
+same model from the same initialization on the same batches; the loss and gradients come from
+one compiled function (torch.func.grad_and_value under torch.compile), and dash_fn's step is
+compiled with fullgraph=True. Writes to --out: ``log.json`` (every step's train loss and wall
+time, validation losses), ``loss.png`` (train and validation loss against step and against wall
+time) and ``summary.md`` (final validation loss per optimizer, mean and spread over seeds, and
+the steps each needs to reach AdamW's final validation loss).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import dash_fn  # noqa: E402
+from llama import Llama, LlamaConfig, next_byte_loss  # noqa: E402
+
+
+def stdlib_corpus(limit_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bytes of the running Python's standard library sources, split by file: every 10th file
+    (in sorted path order) is validation. Deterministic for a given Python installation."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts and "test" not in p.parts)
+    train, val, total = [], [], 0
+    for i, path in enumerate(files):
+        data = path.read_bytes()
+        (val if i % 10 == 9 else train).append(data)
+        total += len(data)
+        if total >= limit_bytes:
+            break
+    as_tensor = lambda chunks: torch.frombuffer(bytearray(b"".join(chunks)), dtype=torch.uint8).long()
+    return as_tensor(train), as_tensor(val)
+
+
+def file_corpus(path: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A text file's bytes: the first 90% train, the last 10% validation."""
+    data = torch.frombuffer(bytearray(Path(path).read_bytes()), dtype=torch.uint8).long()
+    cut = int(0.9 * len(data))
+    return data[:cut], data[cut:]
+
+
+def batch_at(data: torch.Tensor, step: int, batch: int, context: int, seed: int) -> torch.Tensor:
+    """The same windows for every optimizer at a given (seed, step)."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    starts = torch.randint(0, len(data) - context - 1, (batch,), generator=gen)
+    return torch.stack([data[s : s + context + 1] for s in starts.tolist()])
+
+
+def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
+    """Linear warm-up, then cosine decay to 10% of the peak."""
+    if step <= warmup:
+        return peak * step / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return peak * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+
+
+def parse_run(spec: str) -> tuple[str, float]:
+    name, _, lr = spec.partition("@")
+    if name != "adamw" and not (name == "dash" or name.startswith("dash-")):
+        raise SystemExit(f"unknown optimizer {name!r}: use adamw, dash or dash-SOLVER")
+    return name, float(lr)
+
+
+class Optimizer:
+    """One interface for both: ``update(params, grads, lr_tensor) -> params``."""
+
+    def __init__(self, name: str, params: dict, args):
+        self.name = name
+        if name == "adamw":
+            self.leaves = {k: v.clone() for k, v in params.items()}
+            self.torch_opt = torch.optim.AdamW(list(self.leaves.values()), lr=0.0, betas=(0.9, 0.95), weight_decay=args.weight_decay, foreach=True)
+        else:
+            solver = name.partition("-")[2] or "auto"
+            config = dash_fn.DashConfig(block_size=args.block_size, solver=solver, inv_root_freq=args.inv_root_freq, weight_decay=args.weight_decay)
+            self.state = dash_fn.init(params, config)
+            self.step = torch.compile(dash_fn.step, fullgraph=True, backend=args.backend) if args.backend != "none" else dash_fn.step
+
+    def update(self, params: dict, grads: dict, lr: torch.Tensor) -> dict:
+        if self.name == "adamw":
+            for k, g in grads.items():
+                self.leaves[k].grad = g
+            self.torch_opt.param_groups[0]["lr"] = float(lr)
+            self.torch_opt.step()
+            return self.leaves
+        params, self.state = self.step(params, grads, self.state, lr=lr)
+        return params
+
+
+@torch.no_grad()
+def evaluate(loss_fn, params, data, args, seed) -> float:
+    losses = [float(loss_fn(params, batch_at(data, -1 - i, args.batch, args.context, seed).to(args.device))) for i in range(args.eval_batches)]
+    return sum(losses) / len(losses)
+
+
+def train(name: str, peak_lr: float, seed: int, loss_fn, grad_fn, init_params: dict, corpus, args, progress) -> dict:
+    """One run. Wall time counts the train steps after the first (which compiles; its time is
+    logged apart as compile_s), not the evaluations."""
+    train_data, val_data = corpus
+    params = {k: v.clone() for k, v in init_params.items()}
+    opt = Optimizer(name, params, args)
+    lr = torch.tensor(0.0, device=args.device)
+    log = {"optimizer": name, "lr": peak_lr, "seed": seed, "compile_s": 0.0, "step": [], "train_loss": [], "wall": [], "val_step": [], "val_loss": [], "val_wall": []}
+    wall = 0.0
+    bar = progress(range(1, args.steps + 1), desc=f"{name}@{peak_lr:g} seed {seed}", leave=True)
+    for t in bar:
+        tokens = batch_at(train_data, t, args.batch, args.context, seed).to(args.device)
+        lr.fill_(lr_at(t, args.steps, peak_lr, args.warmup))
+        start = time.perf_counter()
+        grads, loss = grad_fn(params, tokens)
+        params = opt.update(params, grads, lr)
+        loss = float(loss)  # syncs: the wall time below covers the whole step
+        if t == 1:
+            log["compile_s"] = time.perf_counter() - start
+        else:
+            wall += time.perf_counter() - start
+        log["step"].append(t)
+        log["train_loss"].append(loss)
+        log["wall"].append(wall)
+        if t % args.eval_every == 0 or t == args.steps:
+            log["val_step"].append(t)
+            log["val_loss"].append(evaluate(loss_fn, params, val_data, args, seed))
+            log["val_wall"].append(wall)
+        bar.set_postfix(loss=f"{loss:.3f}", val=f"{log['val_loss'][-1]:.3f}" if log["val_loss"] else "-", ms=f"{1e3 * wall / max(1, t - 1):.0f}")
+    return log
+
+
+def steps_to_reach(log: dict, target: float) -> int | None:
+    for step, loss in zip(log["val_step"], log["val_loss"]):
+        if loss <= target:
+            return step
+    return None
+
+
+def summarize(logs: list[dict], args) -> str:
+    by_run: dict[str, list[dict]] = {}
+    for log in logs:
+        by_run.setdefault(f"{log['optimizer']}@{log['lr']:g}", []).append(log)
+    adamw = {log["seed"]: log["val_loss"][-1] for log in logs if log["optimizer"] == "adamw"}
+    lines = [
+        f"Model: d_model {args.d_model}, {args.n_layers} layers, context {args.context}, batch {args.batch}; {args.steps} steps; block size {args.block_size}; device {args.device}.",
+        "",
+        "| run | seeds | final val loss (mean ± std) | steps to AdamW's final val loss (per seed) | fraction of AdamW's steps | ms / step | compile s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for run, group in by_run.items():
+        finals = [g["val_loss"][-1] for g in group]
+        spread = statistics.stdev(finals) if len(finals) > 1 else 0.0
+        reach = [steps_to_reach(g, adamw[g["seed"]]) if g["seed"] in adamw else None for g in group]
+        fractions = [r / args.steps for r in reach if r is not None]
+        frac = f"{statistics.mean(fractions):.2f}" if len(fractions) == len(group) and fractions else ("-" if not adamw else "not reached")
+        ms = statistics.mean(1e3 * g["wall"][-1] / max(1, args.steps - 1) for g in group)
+        lines.append(f"| {run} | {len(group)} | {statistics.mean(finals):.4f} ± {spread:.4f} | {', '.join('-' if r is None else str(r) for r in reach)} | {frac} | {ms:.0f} | {statistics.mean(g['compile_s'] for g in group):.0f} |")
+    lines += ["", f"Validation every {args.eval_every} steps on {args.eval_batches} fixed batches; 'steps to reach' is the first evaluation at or below AdamW's final validation loss for the same seed."]
+    return "\n".join(lines)
+
+
+def plot(logs: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_step, by_wall) = plt.subplots(1, 2, figsize=(12, 4.5))
+    colors = {}
+    for log in logs:
+        run = f"{log['optimizer']}@{log['lr']:g}"
+        color = colors.setdefault(run, f"C{len(colors)}")
+        label = run if log["seed"] == min(l["seed"] for l in logs if f"{l['optimizer']}@{l['lr']:g}" == run) else None
+        smooth = torch.tensor(log["train_loss"]).unfold(0, min(10, len(log["train_loss"])), 1).mean(1)
+        by_step.plot(log["step"][len(log["step"]) - len(smooth):], smooth, color=color, alpha=0.35, lw=1)
+        by_step.plot(log["val_step"], log["val_loss"], color=color, marker="o", ms=3, label=label)
+        by_wall.plot(log["val_wall"], log["val_loss"], color=color, marker="o", ms=3, label=label)
+    by_step.set(xlabel="step", ylabel="loss (bits: nats/byte)", title="train (faint, 10-step mean) and validation loss")
+    by_wall.set(xlabel="wall time of the train steps (s)", ylabel="validation loss", title="validation loss against wall time")
+    for ax in (by_step, by_wall):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--runs", nargs="+", default=["adamw@3e-3", "dash@3e-3"], help="OPTIMIZER@LR, e.g. adamw@3e-3 dash-ndb@1e-3")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--context", type=int, default=128)
+    parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--n-layers", type=int, default=2)
+    parser.add_argument("--n-heads", type=int, default=4)
+    parser.add_argument("--block-size", type=int, default=128)
+    parser.add_argument("--inv-root-freq", type=int, default=10)
+    parser.add_argument("--weight-decay", type=float, default=0.0)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--eval-every", type=int, default=25)
+    parser.add_argument("--eval-batches", type=int, default=8)
+    parser.add_argument("--corpus-bytes", type=int, default=4_000_000)
+    parser.add_argument("--data", help="train on this text file instead of the standard library")
+    parser.add_argument("--backend", default="inductor", help="torch.compile backend, or none")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", default="runs/train_lm")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    runs = [parse_run(spec) for spec in args.runs]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    corpus = file_corpus(args.data) if args.data else stdlib_corpus(args.corpus_bytes)
+    print(f"corpus: {len(corpus[0]):,} train bytes, {len(corpus[1]):,} validation bytes; torch {torch.__version__}, {args.device}, {torch.get_num_threads()} threads")
+    if args.no_progress:
+        progress = lambda it, **kw: _Silent(it)
+    else:
+        from tqdm import tqdm as progress
+    torch._dynamo.config.cache_size_limit = 64  # one graph per (optimizer config, seed's model) is expected
+    model = Llama(LlamaConfig(d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads, mlp_hidden=(8 * args.d_model) // 3, context=args.context)).to(args.device)
+    loss_fn = lambda p, tokens: next_byte_loss(model, p, tokens)
+    grad_fn = torch.func.grad_and_value(loss_fn)
+    if args.backend != "none":  # compiled once, shared by every run
+        grad_fn = torch.compile(grad_fn, fullgraph=True, backend=args.backend)
+    logs = []
+    for seed in args.seeds:
+        torch.manual_seed(seed)
+        for module in model.modules():  # a fresh initialization per seed, shared by every optimizer
+            if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+                torch.nn.init.normal_(module.weight, std=0.02)
+        init_params = {k: v.detach().clone() for k, v in model.named_parameters()}
+        print(f"seed {seed}: {sum(v.numel() for v in init_params.values()):,} parameters")
+        for name, lr in runs:
+            logs.append(train(name, lr, seed, loss_fn, grad_fn, init_params, corpus, args, progress))
+            (out / "log.json").write_text(json.dumps({"args": vars(args), "runs": logs}))
+    summary = summarize(logs, args)
+    (out / "summary.md").write_text(summary + "\n")
+    plot(logs, out / "loss.png")
+    print("\n" + summary)
+    print(f"\nwrote {out / 'log.json'}, {out / 'loss.png'}, {out / 'summary.md'}")
+
+
+class _Silent:
+    """A stand-in for a tqdm bar that prints nothing."""
+
+    def __init__(self, iterable):
+        self.iterable = iterable
+
+    def __iter__(self):
+        return iter(self.iterable)
+
+    def set_postfix(self, **kwargs):
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""Each example runs for a few steps at tiny size, so that none of them rots."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import train_lm
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_train_lm_tiny(tmp_path):
+    out = tmp_path / "run"
+    train_lm.main([
+        "--runs", "adamw@3e-3", "dash-eigh@3e-3", "--steps", "4", "--eval-every", "2", "--eval-batches", "1",
+        "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--context", "16", "--batch", "2",
+        "--block-size", "32", "--corpus-bytes", "200000", "--backend", "aot_eager", "--out", str(out), "--no-progress",
+    ])
+    log = json.loads((out / "log.json").read_text())
+    assert [r["optimizer"] for r in log["runs"]] == ["adamw", "dash-eigh"]
+    for run in log["runs"]:
+        assert len(run["train_loss"]) == 4 and run["val_step"] == [2, 4]
+        assert all(loss > 0 for loss in run["train_loss"] + run["val_loss"])
+    assert (out / "loss.png").stat().st_size > 10_000
+    assert "| dash-eigh@0.003 | 1 |" in (out / "summary.md").read_text()
+
+
+def test_stdlib_corpus_is_deterministic_and_split():
+    a_train, a_val = train_lm.stdlib_corpus(300_000)
+    b_train, b_val = train_lm.stdlib_corpus(300_000)
+    assert len(a_train) > 200_000 and len(a_val) > 10_000
+    assert len(a_train) + len(a_val) >= 300_000
+    assert (a_train == b_train).all() and (a_val == b_val).all()
+
+
+def test_quickstart_runs():
+    result = subprocess.run([sys.executable, str(ROOT / "examples" / "quickstart.py"), "--steps", "5"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "DASH (eigh) loss" in result.stdout

@@ -38,3 +38,12 @@ def test_quickstart_runs():
     result = subprocess.run([sys.executable, str(ROOT / "examples" / "quickstart.py"), "--steps", "5"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "DASH (eigh) loss" in result.stdout
+
+
+def test_cnn_digits_runs(capsys):
+    import cnn_digits
+
+    cnn_digits.main(["--steps", "3"])
+    out = capsys.readouterr().out
+    assert "2.weight     (32, 16, 3, 3)     viewed as (32, 144)" in out
+    assert "dash   lr 0.003: test loss" in out

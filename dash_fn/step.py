@@ -35,7 +35,9 @@ def step(params, grads, state: TensorDict, *, lr, refresh: bool | None = None):
     kind of container. ``lr`` is a float or a 0-d tensor (a tensor never recompiles).
 
     ``refresh=None`` decides on the device, from the step counter, whether this step
-    recomputes the inverse roots (one ``torch.cond``: no host sync, one compiled graph).
+    recomputes the inverse roots (one ``torch.cond``: no host sync, one compiled graph). Eager
+    on the CPU, where reading the counter is free, it reads it instead (an eager ``torch.cond``
+    compiles its branches on first use, which takes seconds).
     ``refresh=True/False`` picks the branch statically (pass :func:`is_refresh_step` of the
     new step number); that form gives two graphs, which CUDA graphs capture most reliably.
 
@@ -133,7 +135,12 @@ def _refresh(plan: Plan, config: DashConfig, state: TensorDict, t, refresh) -> N
     if refresh is None:
         s, f = config.start_prec_step, config.inv_root_freq
         due = (t == s) | ((t > s) & (t % f == 0))
-        out = torch.cond(due, solve, keep, tuple(F) + tuple(Fbar))
+        if torch.compiler.is_compiling() or due.device.type != "cpu":
+            out = torch.cond(due, solve, keep, tuple(F) + tuple(Fbar))
+        elif bool(due):  # eager on CPU: reading the counter costs nothing, an eager torch.cond seconds
+            out = solve(*F, *Fbar)
+        else:
+            return
     else:
         out = solve(*F, *Fbar)
     for k in range(n):

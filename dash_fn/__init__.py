@@ -4,10 +4,12 @@
     params, state = dash_fn.step(params, grads, state, lr=lr)
 """
 
+from .checkpoint import load_state, save_state
 from .config import DashConfig
+from .optim import DASH
 from .roots import inverse_root, start_vectors
 from .state import init
 from .step import is_refresh_step, step
 
-__all__ = ["DashConfig", "init", "step", "is_refresh_step", "inverse_root", "start_vectors"]
+__all__ = ["DashConfig", "init", "step", "is_refresh_step", "inverse_root", "start_vectors", "DASH", "save_state", "load_state"]
 __version__ = "0.1.0"

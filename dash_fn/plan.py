@@ -214,3 +214,21 @@ def scatter_param(p: ParamPlan, stacks: Sequence[torch.Tensor]) -> torch.Tensor:
             rows[-1].append(tile)
     bands = [torch.cat(tiles, dim=1) if len(tiles) > 1 else tiles[0] for tiles in rows]
     return torch.cat(bands) if len(bands) > 1 else bands[0]
+
+
+def block_ranges(p: ParamPlan) -> list[tuple[int, int, int]]:
+    """``(group, start, stop)``: where each of the parameter's regions lies in its block stack."""
+    return [(r.group, r.offset, r.offset + r.count) for r in p.regions]
+
+
+def factor_ranges(plan: Plan, p: ParamPlan) -> list[tuple[int, int, int]]:
+    """``(stack, start, stop)``: where the parameter's factors (and roots) lie in the factor
+    stacks; per region, its blocks' left factors and then, for two-sided blocks, the right ones.
+    Block ``offset + i`` of a group has its factors at ``side.offset + offset + i``."""
+    ranges = []
+    for r in p.regions:
+        group = plan.groups[r.group]
+        for side in (group.left, group.right):
+            if side is not None:
+                ranges.append((side.stack, side.offset + r.offset, side.offset + r.offset + r.count))
+    return ranges

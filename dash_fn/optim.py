@@ -1,0 +1,250 @@
+"""``DASH``: the ``torch.optim.Optimizer`` adapter over :func:`dash_fn.init` and :func:`dash_fn.step`.
+
+One functional state per param group. A group's hyper-parameters live in its dict, as in
+``torch.optim`` (``lr`` plus every :class:`DashConfig` field), so schedulers, per-group
+settings and ``state_dict()["param_groups"]`` work unchanged; each step rebuilds the group's
+DashConfig from its dict. Parameters are named by their index in the group ("0", "1", ...).
+
+The state of a group lives in ``optimizer.state[first parameter of the group]`` as
+``{"dash": TensorDict, "step": int}``; ``step`` mirrors the state's device counter on the host,
+so that the eager path picks the refresh branch statically (no device read, and no
+``torch.cond``, whose eager dispatch traces its branches on first use).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import defaultdict
+from collections.abc import Mapping
+from copy import deepcopy
+from numbers import Real
+
+import torch
+
+from .checkpoint import CONFIG_FIELDS, check_layout, read_config, state_from_dict, state_to_dict, with_config
+from .config import DashConfig
+from .plan import ADAMW, Plan, block_ranges, factor_ranges
+from .state import init
+from .step import is_refresh_step
+from .step import step as functional_step
+
+
+class DASH(torch.optim.Optimizer):
+    """DASH (block Shampoo with stacked blocks) as a ``torch.optim`` optimizer.
+
+    ``DASH(params, lr=1e-3, compile=False, **config_fields)``: ``params`` is an iterable of
+    tensors or of param-group dicts, as for any ``torch.optim`` optimizer; ``config_fields``
+    are :class:`DashConfig` fields (``block_size``, ``solver``, ``weight_decay``, ...), the
+    defaults of every group, which a group dict may override (``lr`` and any field).
+
+    ``step(closure=None)`` runs :func:`dash_fn.step` once per group and writes the new values
+    into the parameters. A parameter whose ``.grad`` is None is skipped: its value and every
+    slice of state it owns (its blocks' ``Gt``, ``A``, ``M``, its factors and roots ``F``,
+    ``Fbar``, its AdamW ``m``, ``v``) stay bitwise as they were. What the group shares still
+    moves: its step counter (the group's bias corrections use it, so a parameter skipped for
+    k steps resumes at the group's t, not at its own count as in ``torch.optim``) and its
+    fallback counters (which also count the skipped blocks' discarded refreshes). The skip
+    is exact but not free: the group steps with zero gradients for those parameters and then
+    restores them, so keep frozen parameters out of the optimizer. A group whose gradients
+    are all None is skipped entirely, counter included.
+
+    ``compile=True`` (or a dict of ``torch.compile`` keyword arguments) runs
+    ``torch.compile(dash_fn.step, fullgraph=True)``, built once per optimizer: one graph per
+    group, with the refresh schedule decided on the device and ``lr`` passed as a 0-d tensor,
+    so schedulers never recompile. (Dynamo caches graphs per function: more groups than
+    ``torch._dynamo.config.recompile_limit`` exceed its limit.)
+
+    ``state_dict()`` / ``load_state_dict()`` use ``torch.optim``'s layout and load with
+    ``torch.load(weights_only=True)``: see :meth:`state_dict`.
+    """
+
+    def __init__(self, params, lr: float | torch.Tensor = 1e-3, *, compile: bool | Mapping = False, **config_fields):
+        unknown = sorted(set(config_fields) - set(CONFIG_FIELDS))
+        if unknown:
+            raise TypeError(f"DASH got unknown option {unknown[0]!r}; its options are lr, compile and the DashConfig fields {CONFIG_FIELDS}")
+        if not isinstance(compile, (bool, Mapping)):
+            raise TypeError(f"DASH: compile must be a bool or a dict of torch.compile arguments, got {type(compile).__name__}")
+        defaults = {"lr": lr, **dataclasses.asdict(DashConfig(**config_fields))}
+        self._compile = dict(compile) if isinstance(compile, Mapping) else compile
+        self._compiled_step = None
+        super().__init__(params, defaults)
+
+    def add_param_group(self, param_group: dict) -> None:
+        """Add a group; its lr and config are checked before it is added (a bad one is not)."""
+        merged = {**self.defaults, **param_group}
+        _check_lr(merged["lr"], "param group")
+        group_config(merged, "param group")
+        super().add_param_group(param_group)
+
+    def __getstate__(self) -> dict:
+        return {**super().__getstate__(), "_compile": self._compile}
+
+    def __setstate__(self, state: dict) -> None:
+        self._compiled_step = None  # rebuilt on first use: compiled functions do not pickle
+        super().__setstate__(state)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One DASH step for every group that has a gradient; returns the closure's loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for index, group in enumerate(self.param_groups):
+            self._step_group(group, f"param_groups[{index}]")
+        return loss
+
+    def _step_group(self, group: dict, where: str) -> None:
+        params = group["params"]
+        grads = [p.grad for p in params]
+        if all(g is None for g in grads):
+            return
+        if any(g is not None and g.is_sparse for g in grads):
+            raise RuntimeError(f"{where}: DASH does not support sparse gradients")
+        config = group_config(group, where)
+        lr = group["lr"]
+        _check_lr(lr, where)
+        names = [str(i) for i in range(len(params))]
+        values = {n: p.detach() for n, p in zip(names, params)}
+        entry = self.state.get(params[0])
+        if not entry:  # never stepped (an empty dict is what a defaultdict look-up leaves)
+            state, t = init(values, config), 0
+        else:
+            state, t = entry["dash"], entry["step"]
+            if state["config"] != config:
+                state = with_config(state, config, where)
+        skipped = {n for n, g in zip(names, grads) if g is None}
+        kept = [x.clone() for x in owned_slices(state, skipped)]
+        if self._compile is False:
+            new, state = functional_step(values, _grads_of(names, params), state, lr=lr, refresh=is_refresh_step(config, t + 1))
+        else:
+            lr = lr if isinstance(lr, torch.Tensor) else torch.full((), lr, dtype=torch.float64, device=state["step"].device)
+            new, state = self._compiled()(values, _grads_of(names, params), state, lr=lr)
+        for view, old in zip(owned_slices(state, skipped), kept):
+            view.copy_(old)
+        for n, p in zip(names, params):
+            if n not in skipped:
+                p.copy_(new[n])
+        self.state[params[0]] = {"dash": state, "step": t + 1}
+
+    def _compiled(self):
+        if self._compiled_step is None:
+            options = {} if self._compile is True else self._compile
+            self._compiled_step = torch.compile(functional_step, fullgraph=True, **options)
+        return self._compiled_step
+
+    def state_dict(self) -> dict:
+        """``torch.optim``'s layout: ``{"state": ..., "param_groups": [...]}``.
+
+        ``param_groups`` holds each group's hyper-parameters (lr and the DashConfig fields) and
+        its parameters' indices, as in ``torch.optim``. One DASH state serves a whole group, so
+        ``state`` maps the index of each stepped group's first parameter to that group's state
+        as a checkpoint dict (:mod:`dash_fn.checkpoint`: primitives and tensors only, so
+        ``torch.load(weights_only=True)`` reads it). The tensors are the live state's, as in
+        ``torch.optim``: save the dict before the next step.
+        """
+        for hook in self._optimizer_state_dict_pre_hooks.values():
+            hook(self)
+        groups, state, start = [], {}, 0
+        for group in self.param_groups:
+            params = group["params"]
+            groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": list(range(start, start + len(params)))})
+            entry = self.state.get(params[0]) if params else None
+            if entry:
+                state[start] = state_to_dict(entry["dash"])
+            start += len(params)
+        state_dict = {"state": state, "param_groups": groups}
+        for hook in self._optimizer_state_dict_post_hooks.values():
+            state_dict = hook(self, state_dict) or state_dict
+        return state_dict
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore a :meth:`state_dict`, as ``torch.optim`` does: the saved hyper-parameters
+        replace the groups' (schedulers rely on it), and the states go to the parameters' device.
+
+        The checkpoint must fit this optimizer: as many groups, each with as many parameters of
+        the same shapes and dtypes, and the same layout fields (``block_size``, ``one_dim``,
+        whether ``beta_G`` and ``mu`` are zero). Everything is checked and every state built
+        before anything is replaced, so an error (``ValueError`` naming the first mismatch)
+        leaves the optimizer as it was. The states never share memory with ``state_dict``.
+        """
+        state_dict = dict(state_dict)
+        for hook in self._optimizer_load_state_dict_pre_hooks.values():
+            state_dict = hook(self, state_dict) or state_dict
+        groups, entries = self._restored(state_dict)
+        self.state = defaultdict(dict)
+        for group in groups:
+            if group["params"] and group["params"][0] in entries:
+                self.state[group["params"][0]] = entries[group["params"][0]]
+        self.param_groups = groups
+        for hook in self._optimizer_load_state_dict_post_hooks.values():
+            hook(self)
+
+    def _restored(self, state_dict) -> tuple[list[dict], dict]:
+        """The new param groups and state entries of a state dict, checked against this optimizer."""
+        if not isinstance(state_dict, Mapping) or not isinstance(state_dict.get("param_groups"), list) or not isinstance(state_dict.get("state"), Mapping):
+            raise ValueError("load_state_dict: expected a dict with 'state' (a dict) and 'param_groups' (a list), as DASH.state_dict() returns")
+        saved_groups = deepcopy(state_dict["param_groups"])
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(f"load_state_dict: the checkpoint has {len(saved_groups)} param groups, this optimizer {len(self.param_groups)}")
+        saved_state = dict(state_dict["state"])
+        groups, entries, start = [], {}, 0
+        for index, (group, saved) in enumerate(zip(self.param_groups, saved_groups)):
+            where = f"load_state_dict: param_groups[{index}]"
+            params = group["params"]
+            if not isinstance(saved, Mapping) or len(saved.get("params", ())) != len(params):
+                raise ValueError(f"{where} has {len(saved.get('params', ())) if isinstance(saved, Mapping) else '?'} parameters in the checkpoint, {len(params)} here")
+            # Keys the checkpoint lacks (a field added since it was written) keep their values.
+            new_group = {**group, **{k: v for k, v in saved.items() if k != "params"}, "params": params}
+            config = group_config(new_group, where)
+            _check_lr(new_group["lr"], where)
+            check_layout(config, group_config(group, where), where)
+            blob = saved_state.pop(start, None) if params else None
+            if blob is not None:
+                check_layout(read_config(blob, where), config, where, found_in="the checkpoint's state")
+                specs = [(str(i), tuple(p.shape), p.dtype) for i, p in enumerate(params)]
+                state = state_from_dict(blob, device=params[0].device, params=specs, where=where)
+                entries[params[0]] = {"dash": state, "step": int(blob["tensors"]["step"])}
+            groups.append(new_group)
+            start += len(params)
+        if saved_state:
+            raise ValueError(f"load_state_dict: the checkpoint has state under key {next(iter(saved_state))!r}, which is no group's first parameter (a state dict of another optimizer?)")
+        return groups, entries
+
+
+def group_config(group: Mapping, where: str) -> DashConfig:
+    """The DashConfig of a param group's dict (its DashConfig fields), validated."""
+    try:
+        return DashConfig(**{name: group[name] for name in CONFIG_FIELDS})
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{where}: {error}") from None
+
+
+def owned_slices(state, names: set[str]) -> list[torch.Tensor]:
+    """Views of every slice of state that the named parameters own alone (see ``DASH``)."""
+    plan: Plan = state["plan"]
+    views = []
+    for p in plan.params:
+        if p.name not in names:
+            continue
+        for g, start, stop in block_ranges(p):
+            views += [x[start:stop] for x in state["groups", str(g)].values()]
+        for k, start, stop in factor_ranges(plan, p):
+            views += [x[start:stop] for x in state["factors", str(k)].values() if x.ndim]  # not the 0-d counter
+        if p.kind == ADAMW:
+            views += [x[p.flat_offset : p.flat_offset + p.numel] for x in state["adamw"].values()]
+    return views
+
+
+def _grads_of(names: list[str], params: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each parameter's gradient; zeros stand in for a missing one (restored after the step)."""
+    return {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in zip(names, params)}
+
+
+def _check_lr(lr, where: str) -> None:
+    if isinstance(lr, torch.Tensor):
+        if lr.ndim != 0 or not lr.is_floating_point():
+            raise ValueError(f"{where}: lr must be a number or a 0-d floating tensor, got a tensor of shape {tuple(lr.shape)} and dtype {lr.dtype}")
+    elif not isinstance(lr, Real) or isinstance(lr, bool) or not math.isfinite(lr) or lr < 0:
+        raise ValueError(f"{where}: lr must be a finite number >= 0 or a 0-d tensor, got {lr!r}")

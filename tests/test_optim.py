@@ -1,0 +1,268 @@
+"""dash_fn.DASH, the torch.optim adapter: it equals the functional step bitwise, per group."""
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import dash_fn
+from conftest import mixed_params, random_grads
+from dash_fn.roots import SOLVERS
+
+CONFIG = dict(block_size=16, solver="eigh", inv_root_freq=3)
+# Every kind of parameter (blocks, strips and corners, a conv kernel, AdamW vectors), kept small.
+SHAPES = {"square": (32, 32), "rect": (40, 21), "conv": (3, 4, 3, 3), "bias": (40,), "vec": (7,), "scalar": ()}
+
+
+def model_values():
+    return mixed_params(shapes=SHAPES)
+
+
+def parameters():
+    return {k: torch.nn.Parameter(v) for k, v in model_values().items()}
+
+
+def set_grads(params, grads, skip=()):
+    for k, p in params.items():
+        p.grad = None if k in skip else grads[k].clone()
+
+
+def values(params):
+    return {k: p.detach().clone() for k, p in params.items()}
+
+
+def state_of(opt, group=0):
+    return opt.state[opt.param_groups[group]["params"][0]]["dash"]
+
+
+def tensors(state):
+    return {k: v for k, v in state.exclude("config", "plan").items(include_nested=True, leaves_only=True)}
+
+
+def assert_equal_states(got, want):
+    got, want = tensors(got), tensors(want)
+    assert got.keys() == want.keys()
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+
+
+def functional(params, config, lrs, names=None):
+    """The functional run the adapter must reproduce: ``names`` picks the parameters and
+    renames them by position, as the adapter names them within a group."""
+    names = list(params) if names is None else names
+    current = {str(i): params[k] for i, k in enumerate(names)}
+    state = dash_fn.init(current, config)
+    for t, lr in enumerate(lrs, 1):
+        grads = random_grads(params, t)
+        grads = {str(i): grads[k] for i, k in enumerate(names)}
+        current, state = dash_fn.step(current, grads, state, lr=lr, refresh=dash_fn.is_refresh_step(config, t))
+    return {k: current[str(i)] for i, k in enumerate(names)}, state
+
+
+@pytest.mark.parametrize("solver", [s for s in ("eigh", "ndb") if s in SOLVERS])  # without and with start vectors
+def test_adapter_equals_functional_step_bitwise(solver):
+    config = dict(CONFIG, solver=solver, mu=0.5, weight_decay=0.01)
+    params = parameters()
+    opt = dash_fn.DASH(params.values(), lr=0.01, **config)
+    for t in range(1, 6):
+        set_grads(params, random_grads(params, t))
+        opt.step()
+    want, want_state = functional(model_values(), dash_fn.DashConfig(**config), [0.01] * 5)
+    for k in want:
+        assert torch.equal(params[k].detach(), want[k]), k
+    assert_equal_states(state_of(opt), want_state)
+
+
+def test_param_groups_have_their_own_lr_and_weight_decay():
+    params = parameters()
+    matrices, vectors = ["square", "rect", "conv"], ["bias", "vec", "scalar"]
+    opt = dash_fn.DASH(
+        [{"params": [params[k] for k in matrices], "lr": 0.02, "weight_decay": 0.1}, {"params": [params[k] for k in vectors], "weight_decay_1d": 0.05}],
+        lr=0.005,
+        **CONFIG,
+    )
+    for t in range(1, 5):
+        set_grads(params, random_grads(params, t))
+        opt.step()
+    base = dash_fn.DashConfig(**CONFIG)
+    want_m, state_m = functional(model_values(), base.replace(weight_decay=0.1), [0.02] * 4, matrices)
+    want_v, state_v = functional(model_values(), base.replace(weight_decay_1d=0.05), [0.005] * 4, vectors)
+    for k, want in {**want_m, **want_v}.items():
+        assert torch.equal(params[k].detach(), want), k
+    assert_equal_states(state_of(opt, 0), state_m)
+    assert_equal_states(state_of(opt, 1), state_v)
+    assert state_of(opt, 0)["config"].weight_decay == 0.1 and state_of(opt, 1)["config"].weight_decay_1d == 0.05
+
+
+def test_scheduler_sets_the_lr_each_step_uses():
+    params = parameters()
+    opt = dash_fn.DASH(params.values(), lr=0.04, **CONFIG)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    used = []
+    for t in range(1, 7):
+        set_grads(params, random_grads(params, t))
+        used.append(opt.param_groups[0]["lr"])
+        opt.step()
+        scheduler.step()
+    assert used == pytest.approx([0.04, 0.04, 0.02, 0.02, 0.01, 0.01])
+    want, _ = functional(model_values(), dash_fn.DashConfig(**CONFIG), used)
+    for k in want:
+        assert torch.equal(params[k].detach(), want[k]), k
+
+
+def ownership(plan_params, config, name):
+    """Which entries of each state tensor belong to parameter ``name``, found numerically: one
+    step from a zero state with a gradient only for ``name`` makes exactly its entries nonzero."""
+    grads = {k: torch.zeros_like(v) for k, v in plan_params.items()}
+    grads[name] = random_grads(plan_params, 1)[name]
+    _, probe = dash_fn.step(plan_params, grads, dash_fn.init(plan_params, config), lr=0.01, refresh=True)
+    owned = {}
+    for key, x in tensors(probe).items():
+        source = tensors(probe)[key[:-1] + ("F",)] if key[-1] == "Fbar" else x  # roots start at I
+        if x.ndim:
+            owned[key] = source.reshape(len(x), -1).ne(0).any(1).reshape((-1,) + (1,) * (x.ndim - 1))
+    return owned
+
+
+def test_grad_none_leaves_parameter_and_its_state_untouched():
+    """The skipped parameters keep their values and their slices of every state tensor; all
+    else equals a functional step with zero gradients for them (blocks never interact)."""
+    config = dash_fn.DashConfig(**CONFIG, mu=0.5)
+    params = parameters()
+    opt = dash_fn.DASH(params.values(), lr=0.01, **CONFIG, mu=0.5)
+    for t in range(1, 4):
+        set_grads(params, random_grads(params, t))
+        opt.step()
+    skipped = {"rect": "1", "bias": "3"}  # several regions sharing stacks; an AdamW vector
+    before, before_state = values(params), state_of(opt).clone()
+    grads = random_grads(params, 4)
+    set_grads(params, grads, skip=skipped)
+    opt.step()
+    named = {str(i): v for i, v in enumerate(before.values())}
+    zero_filled = {str(i): torch.zeros_like(g) if k in skipped else g for i, (k, g) in enumerate(grads.items())}
+    want, want_state = dash_fn.step(named, zero_filled, before_state.clone(), lr=0.01, refresh=dash_fn.is_refresh_step(config, 4))
+    for i, k in enumerate(params):
+        assert torch.equal(params[k].detach(), before[k] if k in skipped else want[str(i)]), k
+    owned = {}
+    for index in skipped.values():
+        for key, mask in ownership(named, config, index).items():
+            owned[key] = owned.get(key, False) | mask
+    got, old, new = tensors(state_of(opt)), tensors(before_state), tensors(want_state)
+    assert int(owned["adamw", "m"].sum()) == 40  # the bias, within the flat AdamW buffers
+    assert any(0 < int(mask.sum()) < len(mask) for key, mask in owned.items() if key[0] == "factors")  # shared stacks
+    for key in got:
+        expected = torch.where(owned[key], old[key], new[key]) if key in owned else new[key]
+        assert torch.equal(got[key], expected), key
+
+
+def test_group_without_grads_is_skipped_entirely():
+    params = {k: p for k, p in parameters().items() if k in ("square", "bias", "rect")}
+    opt = dash_fn.DASH([{"params": [params["square"], params["bias"]]}, {"params": [params["rect"]]}], lr=0.01, **CONFIG)
+    set_grads(params, random_grads(params, 1), skip={"rect"})
+    opt.step()
+    assert params["rect"] not in opt.state  # never stepped: no state yet, as in torch.optim
+    set_grads(params, random_grads(params, 2))
+    opt.step()
+    opt.zero_grad()
+    assert all(p.grad is None for p in params.values())
+    before, before_state = values(params), state_of(opt, 0).clone()
+    opt.step()
+    assert all(torch.equal(params[k].detach(), before[k]) for k in params)
+    assert_equal_states(state_of(opt, 0), before_state)
+    assert int(state_of(opt, 0)["step"]) == 2 and int(state_of(opt, 1)["step"]) == 1
+
+
+def test_closure_is_evaluated_with_grad_and_its_loss_returned():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(30, 20), torch.nn.Tanh(), torch.nn.Linear(20, 3))
+    x, y = torch.randn(16, 30), torch.randn(16, 3)
+    start = {k: v.detach().clone() for k, v in model.named_parameters()}
+    opt = dash_fn.DASH(model.parameters(), lr=0.01, **CONFIG)
+    calls = []
+
+    def closure():
+        calls.append(1)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+
+    with torch.no_grad():  # the closure still gets gradients
+        loss = opt.step(closure)
+    assert len(calls) == 1
+    grads = torch.func.grad(lambda p: torch.nn.functional.mse_loss(torch.func.functional_call(model, p, (x,)), y))(start)
+    assert torch.equal(loss, torch.nn.functional.mse_loss(torch.func.functional_call(model, start, (x,)), y))
+    want, _ = dash_fn.step(start, grads, dash_fn.init(start, dash_fn.DashConfig(**CONFIG)), lr=0.01, refresh=True)
+    for k, p in model.named_parameters():
+        assert torch.equal(p.detach(), want[k]), k
+
+
+def test_compiled_step_matches_eager_in_one_graph():
+    """One graph for all steps: a new lr every step (scheduler) and a skipped grad change nothing."""
+    shapes = {"w": (12, 10), "b": (10,)}  # one block: a small graph compiles fast
+    runs = {}
+    for compile in (False, {"backend": "aot_eager"}):
+        params = {k: torch.nn.Parameter(v) for k, v in mixed_params(shapes=shapes).items()}
+        opt = dash_fn.DASH(params.values(), lr=0.01, compile=compile, block_size=16, solver="eigh", inv_root_freq=2)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: 1 / (1 + t))
+        counters.clear()
+        for t in range(1, 6):
+            set_grads(params, random_grads(params, t), skip={"b"} if t == 3 else ())
+            opt.step()
+            scheduler.step()
+        runs[bool(compile)] = values(params)
+        if compile:
+            assert counters["stats"]["unique_graphs"] == 1
+            assert sum(counters["graph_break"].values()) == 0
+    for k in runs[False]:
+        torch.testing.assert_close(runs[True][k], runs[False][k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+def test_changed_hyper_parameter_applies_and_layout_change_is_refused():
+    params = parameters()
+    opt = dash_fn.DASH(params.values(), lr=0.01, **CONFIG)
+    config = dash_fn.DashConfig(**CONFIG)
+    current = {str(i): v for i, v in enumerate(model_values().values())}
+    state = dash_fn.init(current, config)
+    for t in range(1, 5):
+        if t == 3:  # a weight-decay schedule, as some training recipes use
+            opt.param_groups[0]["weight_decay"] = 0.1
+            config = config.replace(weight_decay=0.1)
+            state.set_non_tensor("config", config)
+        grads = random_grads(params, t)
+        set_grads(params, grads)
+        opt.step()
+        grads = {str(i): g for i, g in enumerate(grads.values())}
+        current, state = dash_fn.step(current, grads, state, lr=0.01, refresh=dash_fn.is_refresh_step(config, t))
+    for i, k in enumerate(params):
+        assert torch.equal(params[k].detach(), current[str(i)]), k
+    assert_equal_states(state_of(opt), state)
+
+    before, before_state = values(params), state_of(opt).clone()
+    opt.param_groups[0]["block_size"] = 32
+    with pytest.raises(ValueError, match="block_size is 32 here but 16"):
+        opt.step()
+    assert all(torch.equal(params[k].detach(), before[k]) for k in params)
+    assert_equal_states(state_of(opt), before_state)
+
+    opt.param_groups[0].update(block_size=16, solver="ndb")  # a solver that needs start vectors
+    opt.step()
+    assert ("start_vectors", "16") in tensors(state_of(opt)) and int(state_of(opt)["step"]) == 5
+
+
+def test_bad_options_raise_before_anything_is_added():
+    params = list(parameters().values())
+    with pytest.raises(TypeError, match="'blocksize'"):
+        dash_fn.DASH(params, blocksize=32)
+    with pytest.raises(ValueError, match="block_size"):
+        dash_fn.DASH(params, block_size=0)
+    with pytest.raises(ValueError, match="lr"):
+        dash_fn.DASH(params, lr=-1.0)
+    with pytest.raises(TypeError, match="compile"):
+        dash_fn.DASH(params, compile="yes")
+    opt = dash_fn.DASH(params[:2], lr=0.01)
+    with pytest.raises(ValueError, match="param group.*solver"):
+        opt.add_param_group({"params": params[2:], "solver": "svd"})
+    assert len(opt.param_groups) == 1
+    params[0].grad = torch.zeros_like(params[0]).to_sparse()
+    with pytest.raises(RuntimeError, match="sparse"):
+        opt.step()

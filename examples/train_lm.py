@@ -11,7 +11,7 @@ one compiled function (torch.func.grad_and_value under torch.compile), and dash_
 compiled with fullgraph=True. Writes to --out: ``log.json`` (every step's train loss and wall
 time, validation losses), ``loss.png`` (train and validation loss against step and against wall
 time) and ``summary.md`` (final validation loss per optimizer, mean and spread over seeds, and
-the steps each needs to reach AdamW's final validation loss).
+the steps each needs to reach the best AdamW run's final validation loss).
 """
 
 from __future__ import annotations
@@ -153,7 +153,10 @@ def summarize(logs: list[dict], args) -> str:
     by_run: dict[str, list[dict]] = {}
     for log in logs:
         by_run.setdefault(f"{log['optimizer']}@{log['lr']:g}", []).append(log)
-    adamw = {log["seed"]: log["val_loss"][-1] for log in logs if log["optimizer"] == "adamw"}
+    adamw: dict[int, float] = {}  # per seed, the best AdamW run's final validation loss
+    for log in logs:
+        if log["optimizer"] == "adamw":
+            adamw[log["seed"]] = min(log["val_loss"][-1], adamw.get(log["seed"], math.inf))
     lines = [
         f"Model: d_model {args.d_model}, {args.n_layers} layers, context {args.context}, batch {args.batch}; {args.steps} steps; block size {args.block_size}; device {args.device}.",
         "",
@@ -168,7 +171,7 @@ def summarize(logs: list[dict], args) -> str:
         frac = f"{statistics.mean(fractions):.2f}" if len(fractions) == len(group) and fractions else ("-" if not adamw else "not reached")
         ms = statistics.mean(1e3 * g["wall"][-1] / max(1, args.steps - 1) for g in group)
         lines.append(f"| {run} | {len(group)} | {statistics.mean(finals):.4f} ± {spread:.4f} | {', '.join('-' if r is None else str(r) for r in reach)} | {frac} | {ms:.0f} | {statistics.mean(g['compile_s'] for g in group):.0f} |")
-    lines += ["", f"Validation every {args.eval_every} steps on {args.eval_batches} fixed batches; 'steps to reach' is the first evaluation at or below AdamW's final validation loss for the same seed."]
+    lines += ["", f"Validation every {args.eval_every} steps on {args.eval_batches} fixed batches; 'steps to reach' is the first evaluation at or below the final validation loss of the best AdamW run (over its learning rates) with the same seed."]
     return "\n".join(lines)
 
 

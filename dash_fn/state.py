@@ -72,8 +72,23 @@ def _layout(plan: Plan, config: DashConfig, device: torch.device) -> dict:
 
 
 def _warn_about_precision(config: DashConfig, device: torch.device) -> None:
+    """Warn about 16-bit solver products that are unstable (NDB) or emulated (off CUDA/XPU).
+
+    Off CUDA/XPU, torch has no 16-bit product with float32 accumulation, and CPU 16-bit bmm is
+    20-400x slower than float32 (float16 worst), so dash_fn.roots.matmul rounds the operands and
+    multiplies in float32: 16-bit numerics at float32 speed. That is allowed (it reproduces GPU
+    numerics), but never what someone choosing 16 bits for speed wants, hence the warning.
+    """
     solver = resolve_solver(config, device)
     if solver == "eigh" or config.matmul_dtype == "float32":
         return
     if solver == "ndb":
         warnings.warn(f"NDB with matmul_dtype={config.matmul_dtype} is reported unstable (the DASH paper ran NDB in float32 only)", stacklevel=3)
+    if device.type not in ("cuda", "xpu"):
+        warnings.warn(
+            f"matmul_dtype={config.matmul_dtype} on {device.type}: torch has no {config.matmul_dtype} product with "
+            f"float32 accumulation there and native {config.matmul_dtype} bmm on CPU is 20-400x slower than float32, "
+            f"so the {solver} solver rounds its operands to {config.matmul_dtype} and multiplies in float32 "
+            "(16-bit numerics, no speed-up); use matmul_dtype='float32' off the GPU",
+            stacklevel=3,
+        )

@@ -58,7 +58,10 @@ def inverse_root(stack: torch.Tensor, p: int, config: DashConfig = DashConfig(),
 
     Uses ``config.solver`` with its settings (``auto`` picks by the stack's device). ``start``
     are power-iteration start vectors (b, k); by default the deterministic ones of
-    :func:`start_vectors`. The result has the input's shape and dtype.
+    :func:`start_vectors`. The result has the input's shape and dtype. A block on which an
+    iterative solver diverged (residual above ``masking.DIVERGED``, or a Chebyshev polynomial
+    extrapolated far outside its interval) comes back as NaN: the failure flag on which
+    :func:`refresh_roots` keeps the previous root.
     """
     if stack.ndim != 3 or stack.shape[-1] != stack.shape[-2]:
         raise ValueError(f"inverse_root expects a (K, b, b) stack, got shape {tuple(stack.shape)}")

@@ -17,6 +17,11 @@ evaluates ``q = sum_k c_k T_k(S) ~ (X / s + delta I)^{-1/p}`` with d - 1 product
 Accuracy is set by the fit near the lower end: delta >= 1e-3 with d = 60 (the default) fits to
 ~1e-3 relative; delta = 1e-2 to ~1e-7. Any real p > 0 works. ``matmul_dtype`` rounds S and
 ``b_{k+1}``; coefficients are Python floats (exact in float64, rounded to float32 by float32 ops).
+
+Extrapolation: on [-1, 1] every ``|T_k| <= 1``, so ``max_ij |q| <= sum_k |c_k|``. A power-
+iteration scale below lambda_max / 2 puts eigenvalues of S beyond 1, where the degree-d
+polynomial explodes; blocks with ``max_ij |q| > 2 sum_k |c_k|`` are returned as NaN, the failure
+flag that makes :func:`dash_fn.roots.refresh_roots` keep their previous root.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import numpy as np
 import torch
 
 from ..config import DashConfig
+from .masking import flag_diverged
 from .matmul import rounded_matmul
 from .scaling import matrix_scale
 
@@ -63,9 +69,12 @@ def clenshaw(S: torch.Tensor, coefficients: tuple[float, ...], matmul_dtype: str
 
 
 def chebyshev_inverse_root(X: torch.Tensor, p: int, config: DashConfig, start: torch.Tensor | None) -> torch.Tensor:
-    """``~(X + cheb_eps s I)^{-1/p}`` per block: a degree ``cheb_degree`` Chebyshev polynomial."""
+    """``~(X + cheb_eps s I)^{-1/p}`` per block: a degree ``cheb_degree`` Chebyshev polynomial
+    (NaN for blocks whose spectrum left the fitted interval far enough to explode)."""
     s = matrix_scale(X, config, start)
     identity = torch.eye(X.shape[-1], dtype=X.dtype, device=X.device)
     S = 2 * (X / s) - identity
-    q = clenshaw(S, chebyshev_coefficients(config.cheb_eps, config.cheb_degree, p), config.matmul_dtype)
-    return (s ** (-1.0 / p) * q).contiguous()
+    coefficients = chebyshev_coefficients(config.cheb_eps, config.cheb_degree, p)
+    q = clenshaw(S, coefficients, config.matmul_dtype)
+    extrapolated = ~(q.abs().amax(dim=(-2, -1), keepdim=True) <= 2 * sum(abs(c) for c in coefficients))  # or NaN
+    return flag_diverged(s ** (-1.0 / p) * q, extrapolated)

@@ -16,9 +16,11 @@ of the first ``T - 1`` iterations (``M_T`` is never used): ``3T - 3`` for p = 2,
 for p = 4. ``matmul_dtype`` rounds the operands of the ``C^p M`` products; ``Y C`` stays in the
 working dtype, as in the reference.
 
-Masking (``cn_masking``): a block whose residual ``max_ij |M - I|`` falls below ``cn_tol``
-stops changing (``torch.where``), on the device and per block, while the loop keeps its fixed
-trip count: no host sync, and a block's result does not depend on its stack companions.
+Residual ``max_ij |M - I|`` (exact iterates: every eigenvalue of M_k, k >= 1, is in (0, 1]),
+see :mod:`dash_fn.roots.masking`: with ``cn_masking`` a block freezes after the first iteration
+whose residual is below ``cn_tol`` (the loop keeps its fixed trip count: no host sync, and a
+block's result does not depend on its stack companions); a block whose residual exceeds
+``DIVERGED`` comes back as NaN, the failure flag.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Callable
 import torch
 
 from ..config import DashConfig
+from .masking import diverging, flag_diverged, residual, select
 from .matmul import rounded_matmul
 from .scaling import matrix_scale
 
@@ -47,12 +50,6 @@ def _power_times(C: torch.Tensor, p: int, M: torch.Tensor, product: Product) -> 
         power = product(power, power)
 
 
-def residual(M: torch.Tensor) -> torch.Tensor:
-    """``max_ij |M - I|`` per block, (K, 1, 1)."""
-    identity = torch.eye(M.shape[-1], dtype=M.dtype, device=M.device)
-    return (M - identity).abs().amax(dim=(-2, -1), keepdim=True)
-
-
 def coupled_newton(
     Xr: torch.Tensor,
     s: torch.Tensor,
@@ -61,8 +58,9 @@ def coupled_newton(
     product: Product = torch.matmul,
     tol: float | None = None,
     trace: Trace | None = None,
-) -> torch.Tensor:
-    """``Y_T ~ Xr^{-1/p}`` after ``steps`` coupled Newton iterations on the scaled stack.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(Y_T, diverged)``: ``Y_T ~ Xr^{-1/p}`` after ``steps`` coupled Newton iterations, and
+    per block (K, 1, 1) whether a residual exceeded ``masking.DIVERGED``.
 
     ``s`` (K, 1, 1) is the scale, ``product`` multiplies for the ``C^p M`` update, ``tol`` (or
     None) enables masking. ``trace(k, Y_k, M_k)`` is called after iterations 1..steps-1 (the
@@ -71,27 +69,27 @@ def coupled_newton(
     identity = torch.eye(Xr.shape[-1], dtype=Xr.dtype, device=Xr.device)
     z = (p + 1) / (2 * s)
     M = z * Xr
-    Y = z ** (1.0 / p) * identity  # shape (K, b, b) via broadcasting with z
     active = torch.ones_like(s, dtype=torch.bool) if tol is not None else None
+    diverged = torch.zeros_like(s, dtype=torch.bool)
     for k in range(1, steps + 1):
         C = ((p + 1) * identity - M) / p
-        Y_next = z ** (1.0 / p) * C if k == 1 else Y @ C  # Y_0 C is a scalar multiple of C
-        Y = Y_next if active is None else torch.where(active, Y_next, Y)
+        # Y_0 = z^{1/p} I, so Y_1 = Y_0 C needs no product (and every block is active)
+        Y = z ** (1.0 / p) * C if k == 1 else select(active, Y @ C, Y)
         if k == steps:
-            break
-        M_next = _power_times(C, p, M, product)
-        if active is None:
-            M = M_next
-        else:
-            M = torch.where(active, M_next, M)
-            active = active & (residual(M) >= tol)
+            break  # M_T would only serve a next iteration
+        M = select(active, _power_times(C, p, M, product), M)
+        r = residual(M)
+        diverged = diverged | diverging(r)
+        if active is not None:
+            active = active & (r >= tol)
         if trace is not None:
             trace(k, Y, M)
-    return Y
+    return Y, diverged
 
 
 def cn_inverse_root(X: torch.Tensor, p: int, config: DashConfig, start: torch.Tensor | None) -> torch.Tensor:
-    """``(X + eps I)^{-1/p}`` per block by coupled Newton with ``config.newton_steps`` iterations."""
+    """``(X + eps I)^{-1/p}`` per block by coupled Newton with ``config.newton_steps`` iterations
+    (NaN for blocks that diverged)."""
     identity = torch.eye(X.shape[-1], dtype=X.dtype, device=X.device)
     Xr = X + config.eps * identity
     s = matrix_scale(Xr, config, start)
@@ -100,4 +98,4 @@ def cn_inverse_root(X: torch.Tensor, p: int, config: DashConfig, start: torch.Te
         return rounded_matmul(a, b, config.matmul_dtype)
 
     tol = config.cn_tol if config.cn_masking else None
-    return coupled_newton(Xr, s, p, config.newton_steps, product, tol).contiguous()
+    return flag_diverged(*coupled_newton(Xr, s, p, config.newton_steps, product, tol))

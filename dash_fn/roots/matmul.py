@@ -12,6 +12,9 @@ products. Two ways to get that, chosen by device from static facts (no data-depe
   round the operands, then multiply in the working dtype. The product of two bfloat16 or two
   float16 numbers is exact in float32, so this is the same arithmetic as the tensor-core
   product up to summation order: CPU runs show the numerics of 16-bit operands, not their speed.
+  The rounding is the opaque op ``dash_fn::round_to``: Inductor elides a fused
+  ``x.to(bfloat16).to(float32)`` pair (it computes 16-bit values in float32 inside kernels),
+  which would silently turn the emulation back into a float32 product.
 """
 
 from __future__ import annotations
@@ -19,6 +22,17 @@ from __future__ import annotations
 import torch
 
 LOW_PRECISION = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@torch.library.custom_op("dash_fn::round_to", mutates_args=())
+def round_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` rounded to ``dtype`` (round to nearest even, 16-bit range) and cast back."""
+    return x.to(dtype).to(x.dtype)
+
+
+@round_to.register_fake
+def _round_to_fake(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty_like(x)
 
 
 def rounded_matmul(a: torch.Tensor, b: torch.Tensor, matmul_dtype: str) -> torch.Tensor:
@@ -32,4 +46,4 @@ def rounded_matmul(a: torch.Tensor, b: torch.Tensor, matmul_dtype: str) -> torch
         return a @ b
     if a.device.type in ("cuda", "xpu") and a.dtype == torch.float32:
         return torch.bmm(a.to(low), b.to(low), out_dtype=torch.float32)
-    return a.to(low).to(a.dtype) @ b.to(low).to(b.dtype)
+    return round_to(a, low) @ round_to(b, low)

@@ -18,9 +18,12 @@ bounded by ``sqrt(s)``); each further doubling of p inserts one more square root
 ``matmul_dtype`` rounds the operands of all three products (the reference stores Y and Z in
 16 bits); E and the iterates stay in the working dtype.
 
-Masking (``ndb_masking``): the residual ``max_ij |Z Y - I| = 2 max_ij |E - I|`` comes free with
-E; a block whose residual falls below ``ndb_tol`` stops changing (``torch.where``), on the
-device and per block, while the trip count stays fixed.
+Residual ``max_ij |Z Y - I|`` (exact iterates keep the eigenvalues of Z Y in [0, 1]; the
+product Z Y is formed anyway for E), checked on iterates 0..T-1, see
+:mod:`dash_fn.roots.masking`: with ``ndb_masking`` a block whose residual is below ``ndb_tol``
+stops changing while the trip count stays fixed; a block whose residual exceeds ``DIVERGED``
+(16-bit rounding on an ill-conditioned block, or a scale below lambda_max / 3) comes back as
+NaN, the failure flag.
 """
 
 from __future__ import annotations
@@ -30,16 +33,12 @@ from typing import Callable
 import torch
 
 from ..config import DashConfig
-from .cn import residual
+from .masking import diverging, flag_diverged, residual, select
 from .matmul import rounded_matmul
 from .scaling import matrix_scale
 
 Product = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Trace = Callable[[int, torch.Tensor, torch.Tensor], None]
-
-
-def _select(active: torch.Tensor | None, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
-    return new if active is None else torch.where(active, new, old)
 
 
 def denman_beavers(
@@ -49,9 +48,10 @@ def denman_beavers(
     product: Product = torch.matmul,
     tol: float | None = None,
     trace: Trace | None = None,
-) -> torch.Tensor:
-    """``A^{1/2}`` (``root="sqrt"``: Y_T) or ``A^{-1/2}`` (``root="inv_sqrt"``: Z_T) after
-    ``steps`` NDB iterations; A is an already scaled (K, b, b) stack.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(root, diverged)``: ``A^{1/2}`` (``root="sqrt"``: Y_T) or ``A^{-1/2}``
+    (``root="inv_sqrt"``: Z_T) after ``steps`` NDB iterations on an already scaled (K, b, b)
+    stack A, and per block (K, 1, 1) whether a residual exceeded ``masking.DIVERGED``.
 
     ``tol`` (or None) enables masking. ``trace(k, Y_k, Z_k)`` is called after iterations
     1..steps-1 (the last forms only one half) to observe ``Y_k = A Z_k`` and ``Y_k Z_k -> I``.
@@ -60,44 +60,52 @@ def denman_beavers(
         raise ValueError(f"denman_beavers: root must be 'sqrt' or 'inv_sqrt', got {root!r}")
     identity = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
     Y, Z = A, identity.expand_as(A)
-    active = torch.ones((A.shape[0], 1, 1), dtype=torch.bool, device=A.device) if tol is not None else None
+    diverged = torch.zeros((A.shape[0], 1, 1), dtype=torch.bool, device=A.device)
+    active = torch.ones_like(diverged) if tol is not None else None
     for k in range(1, steps + 1):
         ZY = Y if k == 1 else product(Z, Y)  # Z_0 = I: iteration 1 multiplies only Y_0 E
         E = 1.5 * identity - 0.5 * ZY
+        r = residual(ZY)
+        diverged = diverged | diverging(r)
         if active is not None:
-            active = active & (residual(ZY) >= tol)
+            active = active & (r >= tol)
         last = k == steps
         if not last or root == "sqrt":
-            Y = _select(active, product(Y, E), Y)
+            Y = select(active, product(Y, E), Y)
         if not last or root == "inv_sqrt":
-            Z = _select(active, E if k == 1 else product(E, Z), Z)
+            Z = select(active, E if k == 1 else product(E, Z), Z)
         if trace is not None and not last:
             trace(k, Y, Z)
-    return Y if root == "sqrt" else Z
+    return (Y if root == "sqrt" else Z), diverged
 
 
-def ndb_inverse_root(X: torch.Tensor, p: int, config: DashConfig, start: torch.Tensor | None) -> torch.Tensor:
-    """``(X + eps I)^{-1/p}`` per block by NDB with ``config.newton_steps`` iterations per call.
+def ndb_root(
+    Xr: torch.Tensor, s: torch.Tensor, p: int, steps: int, product: Product = torch.matmul, tol: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(Xr^{-1/p}, diverged)`` from ``steps`` NDB iterations per call, for a stack with scale s.
 
-    p must be a power of two (p = 2^j, j >= 1): the root is built from j - 1 square roots and
-    one inverse square root.
+    p must be a power of two (p = 2^j, j >= 1): j - 1 square roots, each rescaled by the square
+    root of the previous scale, then one inverse square root.
     """
     stages = p.bit_length() - 1
     if p < 2 or p != 1 << stages:
         raise ValueError(f"ndb: p must be a power of two >= 2, got {p!r}")
+    operand, diverged = Xr, torch.zeros_like(s, dtype=torch.bool)
+    for _ in range(stages - 1):
+        root, failed = denman_beavers(operand / s, steps, "sqrt", product, tol)
+        operand, diverged, s = root * s.sqrt(), diverged | failed, s.sqrt()
+    root, failed = denman_beavers(operand / s, steps, "inv_sqrt", product, tol)
+    return root / s.sqrt(), diverged | failed
+
+
+def ndb_inverse_root(X: torch.Tensor, p: int, config: DashConfig, start: torch.Tensor | None) -> torch.Tensor:
+    """``(X + eps I)^{-1/p}`` per block by NDB with ``config.newton_steps`` iterations per call
+    (NaN for blocks that diverged); p a power of two."""
     identity = torch.eye(X.shape[-1], dtype=X.dtype, device=X.device)
     Xr = X + config.eps * identity
-    sigma = matrix_scale(Xr, config, start)
 
     def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return rounded_matmul(a, b, config.matmul_dtype)
 
-    def solve(A: torch.Tensor, root: str) -> torch.Tensor:
-        tol = config.ndb_tol if config.ndb_masking else None
-        return denman_beavers(A, config.newton_steps, root, product, tol)
-
-    operand = Xr
-    for _ in range(stages - 1):
-        operand = solve(operand / sigma, "sqrt") * sigma.sqrt()
-        sigma = sigma.sqrt()
-    return (solve(operand / sigma, "inv_sqrt") / sigma.sqrt()).contiguous()
+    tol = config.ndb_tol if config.ndb_masking else None
+    return flag_diverged(*ndb_root(Xr, matrix_scale(Xr, config, start), p, config.newton_steps, product, tol))

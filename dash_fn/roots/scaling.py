@@ -44,6 +44,14 @@ def _normalize_columns(W: torch.Tensor) -> torch.Tensor:
     return W / torch.where(norm > 0, norm, torch.ones_like(norm))
 
 
+def _times(X: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    """``X V`` for (K, b, b) and (K, b, k), with every block's bits independent of K: CPU
+    batched matrix-vector products (k = 1) are not, so one vector goes elementwise."""
+    if V.shape[-1] == 1:
+        return (X * V.mT).sum(dim=-1, keepdim=True)
+    return X @ V
+
+
 def rayleigh_estimates(X: torch.Tensor, V0: torch.Tensor, steps: int, damping: float) -> torch.Tensor:
     """Per block and start vector, the Rayleigh quotient ``v^T Xd v / v^T v`` after ``steps``
     power iterations ``v <- Xd v / ||Xd v||`` from ``V0[:, j]``, with ``Xd = X + damping I``.
@@ -52,10 +60,12 @@ def rayleigh_estimates(X: torch.Tensor, V0: torch.Tensor, steps: int, damping: f
     it never exceeds ``lambda_max(X) + damping`` (up to rounding); a zero block gives
     ``damping``. ``Xd v`` is formed as ``X v + damping v``: Xd itself is never built.
     """
-    V = V0.to(X.dtype)
+    # (K, b, k) rather than a broadcast (b, k): a batched product per block keeps every block's
+    # bits independent of the stack length (a folded (K b, b) x (b, k) product does not)
+    V = V0.to(X.dtype).expand(X.shape[0], -1, -1)
     for _ in range(steps):
-        V = _normalize_columns(X @ V + damping * V)
-    XdV = X @ V + damping * V
+        V = _normalize_columns(_times(X, V) + damping * V)
+    XdV = _times(X, V) + damping * V
     quotient = (V * XdV).sum(dim=-2)
     length = (V * V).sum(dim=-2)
     # a zero iterate (only when damping = 0 and X = 0) gives estimate 0, then the scale floor

@@ -31,6 +31,19 @@ def random_grads(params, step, scale=1.0, seed=0):
     return out
 
 
+def tensors(state):
+    """The tensor leaves of a dash_fn state, by nested key."""
+    return {k: v for k, v in state.exclude("config", "plan").items(include_nested=True, leaves_only=True)}
+
+
+def assert_equal_states(got, want):
+    """Bitwise equality of two dash_fn states, key by key."""
+    got, want = tensors(got), tensors(want)
+    assert got.keys() == want.keys()
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+
+
 @pytest.fixture(autouse=True)
 def _reset_dynamo():
     """Every test compiles from scratch: no recompile-limit or counter leakage between tests."""

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import dash_fn
-from conftest import mixed_params, random_grads
+from conftest import assert_equal_states, mixed_params, random_grads, tensors
 from dash_fn.roots import SOLVERS
 
 # Roots refresh at steps 1 (t = start_prec_step) and 3 (inv_root_freq = 3): resuming after
@@ -20,17 +20,6 @@ MATRICES, VECTORS = ["square", "rect", "conv"], ["bias", "vec", "scalar"]
 
 def model_values():
     return mixed_params(shapes=SHAPES)
-
-
-def tensors(state):
-    return {k: v for k, v in state.exclude("config", "plan").items(include_nested=True, leaves_only=True)}
-
-
-def assert_equal_states(got, want):
-    got, want = tensors(got), tensors(want)
-    assert got.keys() == want.keys()
-    for k in want:
-        assert torch.equal(got[k], want[k]), k
 
 
 def parameters(values=None):

@@ -5,7 +5,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import dash_fn
-from conftest import mixed_params, random_grads
+from conftest import assert_equal_states, mixed_params, random_grads, tensors
 from dash_fn.roots import SOLVERS
 
 CONFIG = dict(block_size=16, solver="eigh", inv_root_freq=3)
@@ -32,17 +32,6 @@ def values(params):
 
 def state_of(opt, group=0):
     return opt.state[opt.param_groups[group]["params"][0]]["dash"]
-
-
-def tensors(state):
-    return {k: v for k, v in state.exclude("config", "plan").items(include_nested=True, leaves_only=True)}
-
-
-def assert_equal_states(got, want):
-    got, want = tensors(got), tensors(want)
-    assert got.keys() == want.keys()
-    for k in want:
-        assert torch.equal(got[k], want[k]), k
 
 
 def functional(params, config, lrs, names=None):

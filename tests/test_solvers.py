@@ -234,8 +234,15 @@ def test_zero_block_closed_forms(solver, dtype):
 def test_zero_block_is_finite(solver, scaling, eps, dtype):
     """Every solver and scaling, even eps = 0 with fro (s = 1e-30), except eigh at eps = 0
     (0^{-1/p}: the step's fallback keeps the old root)."""
-    if solver == "eigh" and eps == 0:
-        pytest.skip("eigh has no scale floor; a zero block at eps = 0 is a fallback")
+    if solver == "eigh" and eps == 0:  # 0^{-1/p}: non-finite, so the refresh keeps the old root
+        for p in (2, 4):
+            zeros = torch.zeros(2, 8, 8, dtype=dtype)
+            config = DashConfig(solver=solver, scaling=scaling, eps=eps)
+            assert not torch.isfinite(inverse_root(zeros, p, config)).all()
+            old = torch.eye(8, dtype=dtype).expand(2, 8, 8)
+            roots, failed = refresh_roots(zeros, old, p, config, None)
+            assert torch.equal(roots, old) and int(failed) == 2
+        return
     for p in (2, 4):
         out = inverse_root(torch.zeros(2, 8, 8, dtype=dtype), p, DashConfig(solver=solver, scaling=scaling, eps=eps))
         assert torch.isfinite(out).all(), p

@@ -191,7 +191,7 @@ def plot(logs: list[dict], path: Path) -> None:
         by_step.plot(log["step"][len(log["step"]) - len(smooth):], smooth, color=color, alpha=0.35, lw=1)
         by_step.plot(log["val_step"], log["val_loss"], color=color, marker="o", ms=3, label=label)
         by_wall.plot(log["val_wall"], log["val_loss"], color=color, marker="o", ms=3, label=label)
-    by_step.set(xlabel="step", ylabel="loss (bits: nats/byte)", title="train (faint, 10-step mean) and validation loss")
+    by_step.set(xlabel="step", ylabel="loss (nats per byte)", title="train (faint, 10-step mean) and validation loss")
     by_wall.set(xlabel="wall time of the train steps (s)", ylabel="validation loss", title="validation loss against wall time")
     for ax in (by_step, by_wall):
         ax.grid(alpha=0.3)

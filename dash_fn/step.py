@@ -83,13 +83,15 @@ def _bias_correction(beta: float, t: torch.Tensor, dtype: torch.dtype):
 
 
 def _accumulate(plan: Plan, config: DashConfig, state: TensorDict, blocks, t):
-    """Factor EMAs (b), grafting moments (c), gradient EMAs (e); returns (A/cA, Gt/cG) per group."""
+    """Factor EMAs (b), grafting moments (c), gradient EMAs (e).
+
+    Returns per group ``(A, cA)`` and ``(Gt, cG)``: the moments and their bias corrections
+    (None where there is none to apply)."""
     moments, momenta = [], []
     for g, (group, G) in enumerate(zip(plan.groups, blocks)):
         entry = state["groups", str(g)]
-        for side, X in ((group.left, G @ G.mT), (group.right, G.mT @ G)):
-            if side is None:
-                continue
+        sides = [(group.left, G @ G.mT)] if group.right is None else [(group.left, G @ G.mT), (group.right, G.mT @ G)]
+        for side, X in sides:
             F = state["factors", str(side.stack), "F"][side.offset : side.offset + group.count]
             if config.beta_LR < 1:
                 F.mul_(config.beta_LR).add_(X, alpha=1 - config.beta_LR)

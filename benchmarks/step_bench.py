@@ -26,6 +26,7 @@ import torch
 
 import dash_fn
 from sequential_shampoo import SequentialShampoo
+from state_memory import state_bytes
 
 
 def layer_shapes(d: int) -> dict[str, tuple[int, int]]:
@@ -80,10 +81,6 @@ def peak_step_memory(fn: Callable[[], object], device: torch.device) -> int:
     before = _rss_bytes("VmRSS")
     fn()
     return max(0, _rss_bytes("VmHWM") - before)
-
-
-def state_bytes(state) -> int:
-    return sum(v.numel() * v.element_size() for v in state.values(include_nested=True, leaves_only=True) if isinstance(v, torch.Tensor))
 
 
 def plain_flops(plan) -> int:

@@ -31,6 +31,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 
 import dash_fn  # noqa: E402
+from compiled_step import lr_at  # noqa: E402  (warm-up then cosine, shared with that example)
 from llama import Llama, LlamaConfig, next_byte_loss  # noqa: E402
 
 
@@ -62,14 +63,6 @@ def batch_at(data: torch.Tensor, step: int, batch: int, context: int, seed: int)
     gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
     starts = torch.randint(0, len(data) - context - 1, (batch,), generator=gen)
     return torch.stack([data[s : s + context + 1] for s in starts.tolist()])
-
-
-def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
-    """Linear warm-up, then cosine decay to 10% of the peak."""
-    if step <= warmup:
-        return peak * step / warmup
-    progress = (step - warmup) / max(1, steps - warmup)
-    return peak * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
 
 
 def parse_run(spec: str) -> tuple[str, float]:

@@ -32,7 +32,7 @@ import torch
 from ..config import DashConfig
 from .masking import flag_diverged
 from .matmul import rounded_matmul
-from .scaling import matrix_scale
+from .scaling import matrix_scale, root
 
 FIT_NODES = 10000
 _coefficient_cache: dict[tuple[float, int, float, int], tuple[float, ...]] = {}
@@ -77,4 +77,4 @@ def chebyshev_inverse_root(X: torch.Tensor, p: int, config: DashConfig, start: t
     coefficients = chebyshev_coefficients(config.cheb_eps, config.cheb_degree, p)
     q = clenshaw(S, coefficients, config.matmul_dtype)
     extrapolated = ~(q.abs().amax(dim=(-2, -1), keepdim=True) <= 2 * sum(abs(c) for c in coefficients))  # or NaN
-    return flag_diverged(s ** (-1.0 / p) * q, extrapolated)
+    return flag_diverged(q / root(s, p), extrapolated)

@@ -31,8 +31,8 @@ import torch
 
 from ..config import DashConfig
 from .masking import diverging, flag_diverged, residual, select
-from .matmul import rounded_matmul
-from .scaling import matrix_scale
+from .matmul import rounded_matmul, stacked_matmul
+from .scaling import matrix_scale, root
 
 Product = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Trace = Callable[[int, torch.Tensor, torch.Tensor], None]
@@ -55,7 +55,7 @@ def coupled_newton(
     s: torch.Tensor,
     p: int,
     steps: int,
-    product: Product = torch.matmul,
+    product: Product = stacked_matmul,
     tol: float | None = None,
     trace: Trace | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,7 +74,7 @@ def coupled_newton(
     for k in range(1, steps + 1):
         C = ((p + 1) * identity - M) / p
         # Y_0 = z^{1/p} I, so Y_1 = Y_0 C needs no product (and every block is active)
-        Y = z ** (1.0 / p) * C if k == 1 else select(active, Y @ C, Y)
+        Y = root(z, p) * C if k == 1 else select(active, stacked_matmul(Y, C), Y)
         if k == steps:
             break  # M_T would only serve a next iteration
         M = select(active, _power_times(C, p, M, product), M)

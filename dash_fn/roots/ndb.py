@@ -34,7 +34,7 @@ import torch
 
 from ..config import DashConfig
 from .masking import diverging, flag_diverged, residual, select
-from .matmul import rounded_matmul
+from .matmul import rounded_matmul, stacked_matmul
 from .scaling import matrix_scale
 
 Product = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -45,7 +45,7 @@ def denman_beavers(
     A: torch.Tensor,
     steps: int,
     root: str,
-    product: Product = torch.matmul,
+    product: Product = stacked_matmul,
     tol: float | None = None,
     trace: Trace | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,7 +80,7 @@ def denman_beavers(
 
 
 def ndb_root(
-    Xr: torch.Tensor, s: torch.Tensor, p: int, steps: int, product: Product = torch.matmul, tol: float | None = None
+    Xr: torch.Tensor, s: torch.Tensor, p: int, steps: int, product: Product = stacked_matmul, tol: float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(Xr^{-1/p}, diverged)`` from ``steps`` NDB iterations per call, for a stack with scale s.
 

@@ -21,8 +21,23 @@ from __future__ import annotations
 import torch
 
 from ..config import DashConfig
+from .matmul import stacked_matmul
 
 SCALE_FLOOR = 1e-30
+
+
+def root(x: torch.Tensor, p: int) -> torch.Tensor:
+    """``x^(1/p)`` elementwise; for p a power of two (every p DASH uses) by repeated square roots.
+
+    Square roots are correctly rounded in every kernel, while a vectorized ``pow`` and its
+    scalar tail round differently: with ``pow`` a block's root would depend on its position in
+    the stack, and a rank holding part of a stack would not match one process bit for bit.
+    """
+    if p & (p - 1):
+        return x.pow(1.0 / p)
+    while p > 1:
+        x, p = x.sqrt(), p // 2
+    return x
 
 
 def _safe_norm(W: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
@@ -49,7 +64,7 @@ def _times(X: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     batched matrix-vector products (k = 1) are not, so one vector goes elementwise."""
     if V.shape[-1] == 1:
         return (X * V.mT).sum(dim=-1, keepdim=True)
-    return X @ V
+    return stacked_matmul(X, V)
 
 
 def rayleigh_estimates(X: torch.Tensor, V0: torch.Tensor, steps: int, damping: float) -> torch.Tensor:

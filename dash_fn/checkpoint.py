@@ -7,6 +7,7 @@ dicts and tensors, so ``torch.load(weights_only=True)`` reads it::
      "config": {field: value, ...},                 # the DashConfig, as primitives
      "params": [[name, [shape...], "float32"], ...], # in init order: the plan is rebuilt from it
      "tensors": {"step": ..., "groups/0/A": ..., "factors/0/F": ..., "adamw/m": ...},
+     "shard": {"rank": r, "world_size": W},         # only for one rank's share (W > 1)
      "checksum": int}                               # files only: CRC-32 of all the above
 
 The power-iteration start vectors are not stored: they are fixed data, a pure function of the
@@ -16,6 +17,8 @@ target device (whose solver, under ``solver="auto"``, decides whether they are n
 Loading checks everything before it builds anything (format, version, checksum, config,
 parameters, and every tensor's key, shape and dtype against the layout ``init`` would make),
 so a bad file or a mismatch raises a ``ValueError`` naming the first problem and yields nothing.
+A distributed state is saved by each rank (one file each) and loads on the same rank of a
+group of the same size; resharding to another world size is not supported.
 ``torch.load`` does not verify its zip records' CRCs, hence the file checksum: without it a
 flipped byte in tensor data loads silently.
 """
@@ -24,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 import zlib
 from collections.abc import Mapping, Sequence
 
@@ -33,12 +35,14 @@ from tensordict import TensorDict
 
 from .config import DashConfig
 from .inputs import flatten
+from .distributed import process_group_info
 from .roots import resolve_solver, start_vectors
-from .state import init
+from .state import make_state
 
 FORMAT = "dash_fn.state"
 VERSION = 1
 CONSTANTS = ("start_vectors",)  # state entries derived from the config, never stored
+Placement = tuple[int, int, "str | None"]  # (rank, world size, process group name)
 CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(DashConfig))
 
 ParamSpec = tuple[str, tuple[int, ...], torch.dtype]
@@ -49,14 +53,18 @@ def state_to_dict(state: TensorDict) -> dict:
     copies, as in ``torch.optim``'s ``state_dict``: save it before the next ``step``."""
     if not isinstance(state, TensorDict) or "plan" not in state.keys():
         raise TypeError("state_to_dict: state must be the TensorDict returned by dash_fn.init")
-    stored = state.exclude("config", "plan", *CONSTANTS)
-    return {
+    stored = state.exclude("config", "plan", "shard", *CONSTANTS)
+    blob = {
         "format": FORMAT,
         "version": VERSION,
         "config": dataclasses.asdict(state["config"]),
         "params": [[p.name, list(p.shape), _dtype_name(p.dtype)] for p in state["plan"].params],
         "tensors": {_join(key): x for key, x in stored.items(include_nested=True, leaves_only=True)},
     }
+    shard = state["shard"]
+    if shard.world_size > 1:
+        blob["shard"] = {"rank": shard.rank, "world_size": shard.world_size}
+    return blob
 
 
 def read_config(blob, where: str = "checkpoint") -> DashConfig:
@@ -83,22 +91,29 @@ def state_from_dict(
     config: DashConfig | None = None,
     copy: bool = True,
     where: str = "checkpoint",
+    process_group=None,
 ) -> TensorDict:
     """Rebuild the state from a checkpoint dict, on ``device`` (default CPU).
 
     ``params`` (name, shape, dtype) and ``config``, when given, must match the checkpoint's
     exactly (names in any order). ``copy=False`` may reuse the dict's tensors when they are
     already on ``device``; by default the state shares no memory with ``blob``, whose tensors
-    may be another live state's (``step`` updates its state in place).
+    may be another live state's (``step`` updates its state in place). A rank's share of a
+    distributed state needs ``process_group``, of the size and rank it was saved from.
     """
+    return _state_from_dict(blob, device, params, config, copy, where, process_group_info(process_group))
+
+
+def _state_from_dict(blob, device, params, config, copy: bool, where: str, placement: Placement) -> TensorDict:
     device = torch.device("cpu" if device is None else device)
+    _check_placement(blob, placement, where)
     saved_config = read_config(blob, where)
     saved_params = _read_params(blob.get("params"), where)
     if params is not None:
         _check_params(saved_params, params, where)
     if config is not None:
         _check_config(saved_config, config, where)
-    template = _template(saved_params, saved_config, device)
+    template = _template(saved_params, saved_config, device, placement)
     tensors = _check_tensors(blob.get("tensors"), template, where)
     state = TensorDict({}, batch_size=[], device=device)
     for key, spec in template.items(include_nested=True, leaves_only=True):
@@ -107,7 +122,7 @@ def state_from_dict(
         else:
             value = tensors[_join(key)].to(device, copy=copy)
         state.set(key, value)
-    return state.set_non_tensor("config", saved_config).set_non_tensor("plan", template["plan"])
+    return state.set_non_tensor("config", saved_config).set_non_tensor("plan", template["plan"]).set_non_tensor("shard", template["shard"])
 
 
 def with_config(state: TensorDict, config: DashConfig, where: str = "state") -> TensorDict:
@@ -116,7 +131,8 @@ def with_config(state: TensorDict, config: DashConfig, where: str = "state") -> 
     check_layout(state["config"], config, where, found_in="the state")
     blob = state_to_dict(state)
     blob["config"] = dataclasses.asdict(config)
-    return state_from_dict(blob, device=state["step"].device, copy=False, where=where)
+    shard = state["shard"]
+    return _state_from_dict(blob, state["step"].device, None, None, False, where, (shard.rank, shard.world_size, shard.group_name))
 
 
 def check_layout(found: DashConfig, expected: DashConfig, where: str, found_in: str = "the checkpoint") -> None:
@@ -154,8 +170,11 @@ def save_state(path, state: TensorDict) -> None:
             os.remove(temporary)
 
 
-def load_state(path, *, params=None, config: DashConfig | None = None, device=None) -> TensorDict:
+def load_state(path, *, params=None, config: DashConfig | None = None, device=None, process_group=None) -> TensorDict:
     """Read a state written by :func:`save_state` (``torch.load(weights_only=True)``).
+
+    A rank's share of a distributed state loads with ``process_group`` of the same size, on
+    the rank that saved it (each rank saves and loads its own file).
 
     ``params`` (a Mapping[str, Tensor] or TensorDict, e.g. the model's parameters) and
     ``config``, when given, must match the checkpoint: a different name, shape, dtype or config
@@ -179,7 +198,7 @@ def load_state(path, *, params=None, config: DashConfig | None = None, device=No
         raise ValueError(f"{where} has no checksum; dash_fn.load_state reads files written by dash_fn.save_state")
     if blob["checksum"] != _checksum(blob, where):
         raise ValueError(f"{where} is corrupted: its checksum does not match its contents")
-    return state_from_dict(blob, device=device, params=specs, config=config, copy=False, where=where)
+    return state_from_dict(blob, device=device, params=specs, config=config, copy=False, where=where, process_group=process_group)
 
 
 def _join(key) -> str:
@@ -203,7 +222,10 @@ def _checksum(blob: Mapping, where: str = "checkpoint") -> int:
     tensors = blob.get("tensors")
     if not isinstance(tensors, Mapping) or not all(isinstance(x, torch.Tensor) for x in tensors.values()):
         raise ValueError(f"{where}: 'tensors' must be a dict of tensors")
-    crc = zlib.crc32(repr((blob["format"], blob["version"], blob.get("config"), blob.get("params"))).encode())
+    metadata = (blob["format"], blob["version"], blob.get("config"), blob.get("params"))
+    if "shard" in blob:
+        metadata += (blob["shard"],)
+    crc = zlib.crc32(repr(metadata).encode())
     for key in sorted(tensors):
         x = tensors[key].detach().cpu().contiguous()
         crc = zlib.crc32(f"{key}:{x.dtype}:{tuple(x.shape)}".encode(), crc)
@@ -249,16 +271,28 @@ def _check_config(saved: DashConfig, expected: DashConfig, where: str) -> None:
             raise ValueError(f"{where}: config.{name} is {getattr(expected, name)!r} but {getattr(saved, name)!r} in the checkpoint")
 
 
-def _template(params: Sequence[ParamSpec], config: DashConfig, device: torch.device) -> TensorDict:
+def _check_placement(blob, placement: Placement, where: str) -> None:
+    """Raise unless the checkpoint was saved by the rank and world size it is loaded on."""
+    rank, world_size, _ = placement
+    saved = blob.get("shard", {"rank": 0, "world_size": 1})
+    if not isinstance(saved, Mapping) or not all(isinstance(saved.get(k), int) for k in ("rank", "world_size")):
+        raise ValueError(f"{where}: 'shard' must be a dict with integer 'rank' and 'world_size'")
+    if (saved["rank"], saved["world_size"]) != (rank, world_size):
+        described = "one process" if saved["world_size"] == 1 else f"rank {saved['rank']} of {saved['world_size']}"
+        here = "one process" if world_size == 1 else f"rank {rank} of {world_size}"
+        raise ValueError(
+            f"{where} holds the optimizer state of {described} but is loaded on {here}; each rank loads its own "
+            "file, with a process_group of the size it was saved with (resharding is not supported)"
+        )
+
+
+def _template(params: Sequence[ParamSpec], config: DashConfig, device: torch.device, placement: Placement) -> TensorDict:
     """The state ``init`` would make, on the meta device (no memory): keys, shapes, dtypes, plan.
 
     ``auto`` is resolved for the target device first, as it decides whether start vectors exist.
     """
     layout_config = config.replace(solver=resolve_solver(config, device))
-    meta = {name: torch.empty(shape, dtype=dtype, device="meta") for name, shape, dtype in params}
-    with warnings.catch_warnings():  # init's precision warnings were given when the state was made
-        warnings.simplefilter("ignore")
-        return init(meta, layout_config)
+    return make_state(list(params), layout_config, torch.device("meta"), *placement)
 
 
 def _check_tensors(tensors, template: TensorDict, where: str) -> dict:

@@ -78,8 +78,9 @@ def order_like_plan(plan: Plan, names: list[str], tensors: list[torch.Tensor], w
     return [by_name[name] for name in plan.names]
 
 
-def check_step_inputs(plan: Plan, state, params: list[torch.Tensor], grads: list[torch.Tensor], lr, refresh) -> None:
-    """Raise on the first way params, grads, lr or refresh disagree with the state."""
+def check_step_inputs(plan: Plan, local: Plan, state, params: list[torch.Tensor], grads: list[torch.Tensor], lr, refresh) -> None:
+    """Raise on the first way params, grads, lr or refresh disagree with the state (whose
+    factor stacks are laid out by ``local``, this rank's share of ``plan``)."""
     device = state["step"].device
     for p, param, grad in zip(plan.params, params, grads):
         name = p.name
@@ -94,7 +95,7 @@ def check_step_inputs(plan: Plan, state, params: list[torch.Tensor], grads: list
         for what, x in (("params", param), ("grads", grad)):
             if x.device != device:
                 raise ValueError(f"step: {what}[{name!r}] is on {x.device}, the state is on {device}")
-    for k, stack in enumerate(plan.factors):
+    for k, stack in enumerate(local.factors):
         shape = tuple(state["factors", str(k), "F"].shape)
         if shape != (stack.count, stack.size, stack.size):
             raise ValueError(f"step: state factor stack {k} has shape {shape}, the plan expects {(stack.count, stack.size, stack.size)}")

@@ -24,7 +24,8 @@ import torch
 
 from .checkpoint import CONFIG_FIELDS, check_layout, read_config, state_from_dict, state_to_dict, with_config
 from .config import DashConfig
-from .plan import ADAMW, Plan, block_ranges, factor_ranges
+from .distributed import Shard, owned_ranges, process_group_info
+from .plan import ADAMW
 from .state import init
 from .step import is_refresh_step
 from .step import step as functional_step
@@ -33,7 +34,7 @@ from .step import step as functional_step
 class DASH(torch.optim.Optimizer):
     """DASH (block Shampoo with stacked blocks) as a ``torch.optim`` optimizer.
 
-    ``DASH(params, lr=1e-3, compile=False, **config_fields)``: ``params`` is an iterable of
+    ``DASH(params, lr=1e-3, compile=False, process_group=None, **config_fields)``: ``params`` is an iterable of
     tensors or of param-group dicts, as for any ``torch.optim`` optimizer; ``config_fields``
     are :class:`DashConfig` fields (``block_size``, ``solver``, ``weight_decay``, ...), the
     defaults of every group, which a group dict may override (``lr`` and any field).
@@ -55,11 +56,17 @@ class DASH(torch.optim.Optimizer):
     so schedulers never recompile. (Dynamo caches graphs per function: more groups than
     ``torch._dynamo.config.recompile_limit`` exceed its limit.)
 
+    ``process_group`` (a ``torch.distributed`` group, e.g. ``dist.group.WORLD`` under DDP)
+    shards every group's state across its ranks (:mod:`dash_fn.distributed`): each rank
+    keeps and refreshes its share of the blocks and the step gathers the directions. Every
+    rank must step with the same (all-reduced) gradients, as DDP provides.
+
     ``state_dict()`` / ``load_state_dict()`` use ``torch.optim``'s layout and load with
-    ``torch.load(weights_only=True)``: see :meth:`state_dict`.
+    ``torch.load(weights_only=True)``: see :meth:`state_dict`. With a process group each
+    rank's dict holds its share and loads on the same rank of a group of the same size.
     """
 
-    def __init__(self, params, lr: float | torch.Tensor = 1e-3, *, compile: bool | Mapping = False, **config_fields):
+    def __init__(self, params, lr: float | torch.Tensor = 1e-3, *, compile: bool | Mapping = False, process_group=None, **config_fields):
         unknown = sorted(set(config_fields) - set(CONFIG_FIELDS))
         if unknown:
             raise TypeError(f"DASH got unknown option {unknown[0]!r}; its options are lr, compile and the DashConfig fields {CONFIG_FIELDS}")
@@ -68,6 +75,8 @@ class DASH(torch.optim.Optimizer):
         defaults = {"lr": lr, **dataclasses.asdict(DashConfig(**config_fields))}
         self._compile = dict(compile) if isinstance(compile, Mapping) else compile
         self._compiled_step = None
+        process_group_info(process_group)  # a bad group fails here, not at the first step
+        self._process_group = process_group
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict) -> None:
@@ -78,7 +87,7 @@ class DASH(torch.optim.Optimizer):
         super().add_param_group(param_group)
 
     def __getstate__(self) -> dict:
-        return {**super().__getstate__(), "_compile": self._compile}
+        return {**super().__getstate__(), "_compile": self._compile, "_process_group": self._process_group}
 
     def __setstate__(self, state: dict) -> None:
         self._compiled_step = None  # rebuilt on first use: compiled functions do not pickle
@@ -109,7 +118,7 @@ class DASH(torch.optim.Optimizer):
         values = {n: p.detach() for n, p in zip(names, params)}
         entry = self.state.get(params[0])
         if not entry:  # never stepped (an empty dict is what a defaultdict look-up leaves)
-            state, t = init(values, config), 0
+            state, t = init(values, config, self._process_group), 0
         else:
             state, t = entry["dash"], entry["step"]
             if state["config"] != config:
@@ -204,7 +213,7 @@ class DASH(torch.optim.Optimizer):
             if blob is not None:
                 check_layout(read_config(blob, where), config, where, found_in="the checkpoint's state")
                 specs = [(str(i), tuple(p.shape), p.dtype) for i, p in enumerate(params)]
-                state = state_from_dict(blob, device=params[0].device, params=specs, where=where)
+                state = state_from_dict(blob, device=params[0].device, params=specs, where=where, process_group=self._process_group)
                 entries[params[0]] = {"dash": state, "step": int(blob["tensors"]["step"])}
             groups.append(new_group)
             start += len(params)
@@ -222,16 +231,19 @@ def group_config(group: Mapping, where: str) -> DashConfig:
 
 
 def owned_slices(state, names: set[str]) -> list[torch.Tensor]:
-    """Views of every slice of state that the named parameters own alone (see ``DASH``)."""
-    plan: Plan = state["plan"]
+    """Views of every slice of state that the named parameters own alone (see ``DASH``):
+    on this rank, the blocks of theirs it holds and their factors, and their AdamW moments."""
+    shard: Shard = state["shard"]
     views = []
-    for p in plan.params:
+    for p in state["plan"].params:
         if p.name not in names:
             continue
-        for g, start, stop in block_ranges(p):
+        for g, start, stop in owned_ranges(shard, p):
             views += [x[start:stop] for x in state["groups", str(g)].values()]
-        for k, start, stop in factor_ranges(plan, p):
-            views += [x[start:stop] for x in state["factors", str(k)].values() if x.ndim]  # not the 0-d counter
+            group = shard.local.groups[g]
+            for side in (group.left, group.right):
+                if side is not None:  # block offset + i has its factors at side.offset + offset + i
+                    views += [x[side.offset + start : side.offset + stop] for x in state["factors", str(side.stack)].values() if x.ndim]
         if p.kind == ADAMW:
             views += [x[p.flat_offset : p.flat_offset + p.numel] for x in state["adamw"].values()]
     return views

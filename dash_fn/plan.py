@@ -157,30 +157,47 @@ def make_plan(shapes: Sequence[tuple[str, tuple[int, ...], torch.dtype]], block_
         if kind == ADAMW:
             adamw_numel += R
 
-    # Factor stacks keyed by (size, order), in order of first appearance: a group's left
-    # factors form one slice, its right factors the next slice of their own size's stack.
+    groups = lay_out_factors([(rows, cols, one_sided, count) for (rows, cols, one_sided), count in zip(group_keys, group_counts)])
+    factors = stack_sizes(groups)
+    dtype = torch.float64 if any(dtype == torch.float64 for _, _, dtype in shapes) else torch.float32
+    return Plan(block_size, dtype, tuple(params), groups, factors, adamw_numel)
+
+
+def lay_out_factors(groups: Sequence[tuple[int, int, bool, int]]) -> tuple[BlockGroup, ...]:
+    """Block groups given as (rows, cols, one_sided, count), with their factors placed.
+
+    Factor stacks are keyed by (size, order) and numbered in order of first appearance (even
+    with count 0, so a rank's partial layout numbers its stacks as the whole one does); a
+    group's left factors form one slice, its right factors the next slice of their size's stack.
+    """
     stack_index: dict[tuple[int, int], int] = {}
     stack_counts: list[int] = []
-    stack_keys: list[tuple[int, int]] = []
 
     def take(size: int, order: int, count: int) -> FactorSlice:
-        key = (size, order)
-        if key not in stack_index:
-            stack_index[key] = len(stack_keys)
-            stack_keys.append(key)
+        k = stack_index.setdefault((size, order), len(stack_index))
+        if k == len(stack_counts):
             stack_counts.append(0)
-        k = stack_index[key]
         stack_counts[k] += count
         return FactorSlice(k, stack_counts[k] - count)
 
-    groups = []
-    for (rows, cols, one_sided), count in zip(group_keys, group_counts):
+    placed = []
+    for rows, cols, one_sided, count in groups:
         left = take(rows, 2 if one_sided else 4, count)
         right = None if one_sided else take(cols, 4, count)
-        groups.append(BlockGroup(rows, cols, one_sided, count, left, right))
-    factors = tuple(FactorStack(size, order, n) for (size, order), n in zip(stack_keys, stack_counts))
-    dtype = torch.float64 if any(dtype == torch.float64 for _, _, dtype in shapes) else torch.float32
-    return Plan(block_size, dtype, tuple(params), tuple(groups), factors, adamw_numel)
+        placed.append(BlockGroup(rows, cols, one_sided, count, left, right))
+    return tuple(placed)
+
+
+def stack_sizes(groups: Sequence[BlockGroup]) -> tuple[FactorStack, ...]:
+    """The factor stacks that ``groups`` fill: size, order and count of each, by stack index."""
+    stacks: dict[int, FactorStack] = {}
+    for group in groups:
+        order = 2 if group.one_sided else 4
+        for side, size in ((group.left, group.rows), (group.right, group.cols)):
+            if side is not None:
+                old = stacks.get(side.stack, FactorStack(size, order, 0))
+                stacks[side.stack] = FactorStack(size, order, old.count + group.count)
+    return tuple(stacks[k] for k in range(len(stacks)))
 
 
 def region_blocks(view: torch.Tensor, region: Region) -> torch.Tensor:
@@ -220,15 +237,3 @@ def block_ranges(p: ParamPlan) -> list[tuple[int, int, int]]:
     """``(group, start, stop)``: where each of the parameter's regions lies in its block stack."""
     return [(r.group, r.offset, r.offset + r.count) for r in p.regions]
 
-
-def factor_ranges(plan: Plan, p: ParamPlan) -> list[tuple[int, int, int]]:
-    """``(stack, start, stop)``: where the parameter's factors (and roots) lie in the factor
-    stacks; per region, its blocks' left factors and then, for two-sided blocks, the right ones.
-    Block ``offset + i`` of a group has its factors at ``side.offset + offset + i``."""
-    ranges = []
-    for r in p.regions:
-        group = plan.groups[r.group]
-        for side in (group.left, group.right):
-            if side is not None:
-                ranges.append((side.stack, side.offset + r.offset, side.offset + r.offset + r.count))
-    return ranges

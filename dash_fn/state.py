@@ -9,12 +9,18 @@ from tensordict import TensorDict
 
 from .config import DashConfig
 from .inputs import check_params, flatten
+from .distributed import make_shard, process_group_info
 from .plan import Plan, make_plan
 from .roots import resolve_solver, start_vectors, uses_start_vectors
 
 
-def init(params, config: DashConfig = DashConfig()) -> TensorDict:
+def init(params, config: DashConfig = DashConfig(), process_group=None) -> TensorDict:
     """Create the DASH state for ``params`` (a Mapping[str, Tensor] or a TensorDict).
+
+    With a ``torch.distributed`` ``process_group`` of W ranks, the state holds only this
+    rank's share of the blocks (:mod:`dash_fn.distributed`) and :func:`dash_fn.step` gathers
+    the other ranks' directions itself; every rank must call ``init`` and ``step`` with the
+    same params, grads (all-reduced), config and lr.
 
     Layout (all tensors in the plan's dtype, on the params' device)::
 
@@ -25,7 +31,8 @@ def init(params, config: DashConfig = DashConfig()) -> TensorDict:
         factors/<k>/fallbacks     int64 0-d, blocks whose refresh failed and kept the old root
         start_vectors/<b>         (b, k) power-iteration start vectors, when the solver scales by PI
         adamw/m, v                flat moments of the vectors under AdamW
-        config, plan              non-tensor data: the DashConfig and the blocking plan
+        config, plan, shard       non-tensor data: the DashConfig, the blocking plan of all
+                                  params, and this rank's share of its blocks (everything at W = 1)
 
     Matrix parameters cost 6 floats per entry at mu = 0 (factors 2, roots 2, Gt 1, A 1).
     """
@@ -36,9 +43,33 @@ def init(params, config: DashConfig = DashConfig()) -> TensorDict:
     if len(set(names)) != len(names):
         raise ValueError("init: params names a parameter twice")
     device = tensors[0].device
-    plan = make_plan([(n, tuple(x.shape), x.dtype) for n, x in zip(names, tensors)], config.block_size, config.one_dim)
+    _reject_dtensors(names, tensors)
+    specs = [(n, tuple(x.shape), x.dtype) for n, x in zip(names, tensors)]
     _warn_about_precision(config, device)
-    return TensorDict(_layout(plan, config, device), batch_size=[], device=device).set_non_tensor("config", config).set_non_tensor("plan", plan)
+    return make_state(specs, config, device, *process_group_info(process_group))
+
+
+def make_state(specs, config: DashConfig, device: torch.device, rank: int = 0, world_size: int = 1, group_name: str | None = None) -> TensorDict:
+    """The initial state for parameters given as (name, shape, dtype), for one rank of W."""
+    plan = make_plan(specs, config.block_size, config.one_dim)
+    shard = make_shard(plan, rank, world_size, group_name)
+    state = TensorDict(_layout(shard.local, config, device), batch_size=[], device=device)
+    return state.set_non_tensor("config", config).set_non_tensor("plan", plan).set_non_tensor("shard", shard)
+
+
+def _reject_dtensors(names: list[str], tensors: list[torch.Tensor]) -> None:
+    """FSDP2 shards parameters as DTensors; DASH's blocks need whole parameters on each rank."""
+    if all(type(x) in (torch.Tensor, torch.nn.Parameter) for x in tensors):
+        return
+    from torch.distributed.tensor import DTensor
+
+    for name, x in zip(names, tensors):
+        if isinstance(x, DTensor):
+            raise TypeError(
+                f"init: params[{name!r}] is a DTensor (FSDP2 / fully_shard); dash_fn needs whole, replicated "
+                "parameters. Train with DistributedDataParallel (or all-reduce the grads yourself) and pass "
+                "process_group= to dash_fn.init / dash_fn.DASH: that shards the optimizer state across ranks instead."
+            )
 
 
 def _layout(plan: Plan, config: DashConfig, device: torch.device) -> dict:

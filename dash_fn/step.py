@@ -12,9 +12,11 @@ import torch
 from tensordict import TensorDict
 
 from .config import DashConfig
+from .distributed import Shard, gather_directions, owned_blocks
 from .inputs import check_step_inputs, flatten, order_like_plan, rebuild
 from .plan import ADAMW, EMPTY, SEGMENTS, Plan, gather, scatter_param
 from .roots import refresh_roots
+from .roots.matmul import stacked_matmul
 
 
 def is_refresh_step(config: DashConfig, t: int) -> bool:
@@ -52,29 +54,34 @@ def step(params, grads, state: TensorDict, *, lr, refresh: bool | None = None):
         raise TypeError("step: state must be the TensorDict returned by dash_fn.init")
     config: DashConfig = state["config"]
     plan: Plan = state["plan"]
+    shard: Shard = state["shard"]
     keys, names, param_list = flatten(params, "params")
     _, grad_names, grad_list = flatten(grads, "grads")
     ordered_params = order_like_plan(plan, names, param_list, "params")
     ordered_grads = order_like_plan(plan, grad_names, grad_list, "grads")
-    check_step_inputs(plan, state, ordered_params, ordered_grads, lr, refresh)
+    check_step_inputs(plan, shard.local, state, ordered_params, ordered_grads, lr, refresh)
     with torch.no_grad():
-        updated = dict(zip(plan.names, _apply(plan, config, state, ordered_params, ordered_grads, lr, refresh)))
+        updated = dict(zip(plan.names, _apply(plan, shard, config, state, ordered_params, ordered_grads, lr, refresh)))
     return rebuild(params, keys, [updated[n] for n in names]), state
 
 
-def _apply(plan: Plan, config: DashConfig, state: TensorDict, params, grads, lr, refresh) -> list[torch.Tensor]:
+def _apply(plan: Plan, shard: Shard, config: DashConfig, state: TensorDict, params, grads, lr, refresh) -> list[torch.Tensor]:
+    """Steps b-h on this rank's blocks (``shard.local``), the gather, then a and i on all params."""
     t = state["step"] + 1
     state["step"].copy_(t)
-    blocks = gather(plan, grads, plan.dtype)
-    grafting_moments, momenta = _accumulate(plan, config, state, blocks, t)
+    local = shard.local
+    blocks = owned_blocks(shard, gather(plan, grads, plan.dtype))
+    grafting_moments, momenta = _accumulate(local, config, state, blocks, t)
     s = config.start_prec_step
     if s != math.inf and refresh is not False:
-        _refresh(plan, config, state, t, refresh)
+        _refresh(local, config, state, t, refresh)
     directions = [
-        _direction(plan, config, state, g, G, A, t) for g, (G, A) in enumerate(zip(momenta, grafting_moments))
+        _direction(local, config, state, g, G, A, t) for g, (G, A) in enumerate(zip(momenta, grafting_moments))
     ]
     if config.mu > 0:
         directions = [_momentum(config, state["groups", str(g), "M"], P) for g, P in enumerate(directions)]
+    comm_dtype = None if config.comm_dtype is None else getattr(torch, config.comm_dtype)
+    directions = gather_directions(shard, directions, comm_dtype)
     return _update_params(plan, config, state, params, grads, directions, lr, t)
 
 
@@ -90,7 +97,9 @@ def _accumulate(plan: Plan, config: DashConfig, state: TensorDict, blocks, t):
     moments, momenta = [], []
     for g, (group, G) in enumerate(zip(plan.groups, blocks)):
         entry = state["groups", str(g)]
-        sides = [(group.left, G @ G.mT)] if group.right is None else [(group.left, G @ G.mT), (group.right, G.mT @ G)]
+        sides = [(group.left, stacked_matmul(G, G.mT))]
+        if group.right is not None:
+            sides.append((group.right, stacked_matmul(G.mT, G)))
         for side, X in sides:
             F = state["factors", str(side.stack), "F"][side.offset : side.offset + group.count]
             if config.beta_LR < 1:
@@ -169,9 +178,9 @@ def _direction(plan: Plan, config: DashConfig, state: TensorDict, g: int, moment
         return D
     group = plan.groups[g]
     left = state["factors", str(group.left.stack), "Fbar"][group.left.offset : group.left.offset + group.count]
-    U = left @ Gt
+    U = stacked_matmul(left, Gt)
     if group.right is not None:
-        U = U @ state["factors", str(group.right.stack), "Fbar"][group.right.offset : group.right.offset + group.count]
+        U = stacked_matmul(U, state["factors", str(group.right.stack), "Fbar"][group.right.offset : group.right.offset + group.count])
     graft = torch.linalg.vector_norm(D, dim=(-2, -1), keepdim=True)
     P = U * (graft / (_block_norm(U) + 1e-16))
     return P if s == 1 else torch.where(t >= s, P, D)

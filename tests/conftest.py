@@ -33,7 +33,7 @@ def random_grads(params, step, scale=1.0, seed=0):
 
 def tensors(state):
     """The tensor leaves of a dash_fn state, by nested key."""
-    return {k: v for k, v in state.exclude("config", "plan").items(include_nested=True, leaves_only=True)}
+    return {k: v for k, v in state.exclude("config", "plan", "shard").items(include_nested=True, leaves_only=True)}
 
 
 def assert_equal_states(got, want):

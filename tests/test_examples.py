@@ -47,3 +47,19 @@ def test_cnn_digits_runs(capsys):
     out = capsys.readouterr().out
     assert "2.weight     (32, 16, 3, 3)     viewed as (32, 144)" in out
     assert "dash   lr 0.003: test loss" in out
+
+
+def test_ddp_train_with_torchrun_two_ranks():
+    """The DDP example under torchrun on 2 gloo ranks: it trains, halves the state, ranks agree."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", str(ROOT / "examples" / "ddp_train.py")]
+    tiny = ["--steps", "3", "--d-model", "32", "--n-layers", "1", "--batch", "2", "--context", "16", "--block-size", "16", "--corpus-bytes", "100000", "--no-progress"]
+    result = subprocess.run(command + tiny, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "parameters bitwise identical on all ranks: True" in result.stdout
+    per_rank = result.stdout.split("optimizer state bytes per rank: ")[1].splitlines()[0]
+    assert per_rank.count("B/param") == 2
+    single = subprocess.run([sys.executable, str(ROOT / "examples" / "ddp_train.py"), *tiny], capture_output=True, text=True, timeout=300)
+    assert single.returncode == 0, single.stderr[-3000:]
+    whole = int(single.stdout.split("optimizer state bytes per rank: ")[1].split()[0])
+    halves = [int(part.split()[0]) for part in per_rank.split(", ")]
+    assert max(halves) < 0.6 * whole and sum(halves) >= whole

@@ -1,0 +1,90 @@
+"""Step time and optimizer state per rank with the blocks split over W CPU processes (gloo).
+
+    python benchmarks/distributed_bench.py                     # W = 1 and 2, d_model 512, block 256
+    python benchmarks/distributed_bench.py --world-sizes 1 2 4 --d-model 1024 --threads 1
+
+For each W, W processes on this machine run ``dash_fn.step`` (eager) on the Llama-like layer
+shapes of step_bench.py with ``process_group=WORLD`` (W = 1: no group, the one-process code);
+every rank owns its share of the blocks and the step all-gathers the directions. Printed per W:
+the median plain and refresh step times (the slowest rank's, as the step waits for it), the
+root cost the ranks own (sum of b^3 over their factors, as a fraction of the whole) and the
+state bytes per rank. ``--threads`` is each process's torch thread count: with W processes on a
+machine of C cores, W x threads <= C avoids oversubscription.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import dash_fn  # noqa: E402
+from dash_fn.distributed import rank_loads  # noqa: E402
+from step_bench import layer_shapes  # noqa: E402
+from state_memory import state_bytes  # noqa: E402
+
+
+def worker(rank: int, world_size: int, args, init_file: str, out: str) -> None:
+    torch.set_num_threads(args.threads)
+    group = None
+    if world_size > 1:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+        group = dist.group.WORLD
+    gen = torch.Generator().manual_seed(0)
+    params = {name: torch.randn(shape, generator=gen) for name, shape in layer_shapes(args.d_model).items()}
+    grads = {name: torch.randn(x.shape, generator=gen) for name, x in params.items()}
+    config = dash_fn.DashConfig(block_size=args.block_size, solver=args.solver)
+    state = dash_fn.init(params, config, group)
+    times = {"plain": [], "refresh": []}
+    for rep in range(args.reps + 1):
+        for kind in ("refresh", "plain"):
+            if group is not None:
+                dist.barrier()
+            start = time.perf_counter()
+            dash_fn.step(params, grads, state, lr=1e-3, refresh=kind == "refresh")
+            if rep:  # the first round warms up
+                times[kind].append(time.perf_counter() - start)
+    shard = state["shard"]
+    loads = rank_loads(state["plan"], shard.counts)
+    result = {kind: statistics.median(t) for kind, t in times.items()}
+    result.update(bytes=state_bytes(state), load=loads[rank] / sum(loads), params=sum(x.numel() for x in params.values()))
+    torch.save(result, os.path.join(out, f"rank{rank}.pt"))
+    if group is not None:
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--d-model", type=int, default=512)
+    parser.add_argument("--block-size", type=int, default=256)
+    parser.add_argument("--solver", default="eigh")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--reps", type=int, default=3)
+    args = parser.parse_args(argv)
+    print(f"d_model {args.d_model}, block {args.block_size}, solver {args.solver}, {args.threads} thread(s) per process, {os.cpu_count()} CPUs, torch {torch.__version__}\n")
+    print("| W | plain ms | refresh ms | root cost per rank | state bytes per rank | state B/param per rank |")
+    print("|---|---|---|---|---|---|")
+    for world_size in args.world_sizes:
+        with tempfile.TemporaryDirectory() as out:
+            mp.spawn(worker, args=(world_size, args, os.path.join(out, "init"), out), nprocs=world_size)
+            ranks = [torch.load(os.path.join(out, f"rank{r}.pt")) for r in range(world_size)]
+        plain = max(r["plain"] for r in ranks) * 1e3
+        refresh = max(r["refresh"] for r in ranks) * 1e3
+        loads = ", ".join(f"{r['load']:.2f}" for r in ranks)
+        sizes = ", ".join(f"{r['bytes']}" for r in ranks)
+        per_param = ", ".join(f"{r['bytes'] / r['params']:.2f}" for r in ranks)
+        print(f"| {world_size} | {plain:.1f} | {refresh:.1f} | {loads} | {sizes} | {per_param} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

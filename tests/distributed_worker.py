@@ -1,0 +1,103 @@
+"""What each spawned rank of tests/test_distributed.py runs (gloo on CPU).
+
+Every scenario runs the same steps twice on every rank: once as one process (no process
+group) and once as this rank of W; the results are written to ``<out>/rank<k>.pt`` for the
+test to compare. Gradients come from seeded generators, so all ranks see the same ones, as
+after DDP's all-reduce.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import dash_fn  # noqa: E402
+from conftest import mixed_params, random_grads, tensors  # noqa: E402
+
+STEPS = 10
+
+# name -> (params, DashConfig): mixed shapes with ragged strips, vectors under AdamW and
+# under one-sided Shampoo, and a one-block model where ranks 1.. own nothing at all.
+SCENARIOS = {
+    "eigh": (lambda: mixed_params(), dash_fn.DashConfig(block_size=8, solver="eigh", inv_root_freq=3)),
+    "ndb": (lambda: mixed_params(), dash_fn.DashConfig(block_size=24, solver="ndb", inv_root_freq=2, mu=0.9)),
+    "one_dim_shampoo": (lambda: mixed_params(), dash_fn.DashConfig(block_size=16, solver="eigh", one_dim="shampoo", weight_decay=0.1)),
+    "owns_nothing": (
+        lambda: mixed_params(shapes={"w": (12, 10), "b": (10,)}),
+        dash_fn.DashConfig(block_size=64, solver="cn"),
+    ),
+    "uniform": (
+        lambda: mixed_params(shapes={f"w{i}": (48, 48) for i in range(4)}),
+        dash_fn.DashConfig(block_size=16, solver="eigh"),
+    ),
+}
+
+
+def state_bytes(state) -> int:
+    """Bytes of the state's arrays (not its 0-d counters, which every rank keeps)."""
+    return sum(x.numel() * x.element_size() for x in tensors(state).values() if x.ndim)
+
+
+def run(params, config, process_group=None, steps=STEPS, compile_backend=None):
+    state = dash_fn.init(params, config, process_group)
+    step = dash_fn.step if compile_backend is None else torch.compile(dash_fn.step, fullgraph=True, backend=compile_backend)
+    for t in range(1, steps + 1):
+        params, state = step(params, random_grads(params, t), state, lr=1e-2 / t)
+    return params, state
+
+
+def main(rank: int, world_size: int, init_file: str, out: str) -> None:
+    torch.set_num_threads(int(os.environ.get("DASH_TEST_THREADS", "1")))
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    group = dist.group.WORLD
+    results = {}
+    for name, (make_params, config) in SCENARIOS.items():
+        single, single_state = run(make_params(), config)
+        sharded, sharded_state = run(make_params(), config, group)
+        results[name] = {
+            "single": single,
+            "sharded": sharded,
+            "single_bytes": state_bytes(single_state),
+            "sharded_bytes": state_bytes(sharded_state),
+        }
+    config = SCENARIOS["ndb"][1]
+    results["bf16"] = {"sharded": run(mixed_params(), config.replace(comm_dtype="bfloat16"), group)[0]}
+    torch._dynamo.config.recompile_limit = 64  # the two runs below compile one graph each
+    results["compiled"] = {
+        "single": run(mixed_params(), SCENARIOS["eigh"][1], compile_backend="aot_eager")[0],
+        "sharded": run(mixed_params(), SCENARIOS["eigh"][1], group, compile_backend="aot_eager")[0],
+    }
+    results["adapter"] = adapter_run(group)
+    torch.save(results, os.path.join(out, f"rank{rank}.pt"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def adapter_run(group) -> dict:
+    """dash_fn.DASH on a small model, distributed and not, with a checkpoint round trip at step 5."""
+    out = {}
+    for label, process_group in (("single", None), ("sharded", group)):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(20, 30), torch.nn.Tanh(), torch.nn.Linear(30, 5))
+        opt = dash_fn.DASH(model.parameters(), lr=1e-2, block_size=8, solver="eigh", process_group=process_group)
+        data = torch.Generator().manual_seed(1)
+        for t in range(STEPS):
+            x = torch.randn(16, 20, generator=data)
+            model.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+            if t == 4:  # each rank saves and reloads its own share
+                saved = opt.state_dict()
+                opt = dash_fn.DASH(model.parameters(), lr=1e-2, block_size=8, solver="eigh", process_group=process_group)
+                opt.load_state_dict(saved)
+        out[label] = [p.detach().clone() for p in model.parameters()]
+    return out
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])

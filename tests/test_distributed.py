@@ -1,0 +1,147 @@
+"""Block ownership across ranks (ALGORITHM.md 8): the planner, and real gloo process groups.
+
+The process tests spawn W = 2 and W = 3 CPU processes (tests/distributed_worker.py); each rank
+runs every scenario as one process and as a rank of W, and here the two must agree bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import dash_fn
+from conftest import mixed_params
+from dash_fn.distributed import make_shard, ownership, owned_ranges, rank_loads
+from dash_fn.plan import make_plan
+
+WORKER = os.path.join(os.path.dirname(__file__), "distributed_worker.py")
+
+# The DASH paper's Llama 953M (ALGORITHM.md 3.2): 16 layers and two embeddings.
+LLAMA_953M = [(f"l{i}.{name}", shape, torch.float32) for i in range(16) for name, shape in (
+    ("qkv", (6144, 2048)), ("o", (2048, 2048)), ("gate", (5632, 2048)), ("up", (5632, 2048)), ("down", (2048, 5632)))]
+LLAMA_953M += [("embed", (32000, 2048), torch.float32), ("head", (32000, 2048), torch.float32)]
+
+
+def test_cost_balance_llama_953m_w8():
+    plan = make_plan(LLAMA_953M, 1024, "adamw")
+    loads = rank_loads(plan, ownership(plan, 8))
+    mean = sum(loads) / len(loads)
+    assert max(loads) <= 1.10 * mean, [load / mean for load in loads]
+    # the whole-model root cost (sum of b^3 over all factors) is split, not lost or doubled
+    assert sum(loads) == sum(stack.count * stack.size**3 for stack in plan.factors)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 8, 40])
+def test_ownership_partitions_every_group(world_size):
+    plan = make_plan([(n, tuple(x.shape), x.dtype) for n, x in mixed_params().items()], 24, "shampoo")
+    counts = ownership(plan, world_size)
+    for group, n in zip(plan.groups, counts):
+        assert sum(n) == group.count and max(n) - min(n) <= 1
+    # each block of each parameter is owned by exactly one rank, at consecutive local positions
+    for p in plan.params:
+        for g, start, stop in [(r.group, r.offset, r.offset + r.count) for r in p.regions]:
+            owned = []
+            for rank in range(world_size):
+                shard = make_shard(plan, rank, world_size, "group")
+                lo, _ = shard.bounds(g)
+                owned += [lo + i for gg, a, b in owned_ranges(shard, p) if gg == g for i in range(a, b)]
+            assert sorted(owned) == list(range(start, stop))
+
+
+def test_more_ranks_than_blocks_leaves_ranks_without_blocks():
+    plan = make_plan([("w", (12, 10), torch.float32)], 64, "adamw")  # one block
+    shards = [make_shard(plan, rank, 3, "group") for rank in range(3)]
+    assert [s.local.groups[0].count for s in shards] == [1, 0, 0]
+    assert [s.local.factors[0].count for s in shards] == [1, 0, 0]
+
+
+def test_one_process_is_the_whole_plan():
+    plan = make_plan([(n, tuple(x.shape), x.dtype) for n, x in mixed_params().items()], 8, "adamw")
+    shard = make_shard(plan, 0, 1, None)
+    assert shard.local == plan and shard.bounds(0) == (0, plan.groups[0].count)
+
+
+def test_bad_world_size_and_rank_raise():
+    plan = make_plan([("w", (12, 10), torch.float32)], 8, "adamw")
+    with pytest.raises(ValueError, match="world_size"):
+        ownership(plan, 0)
+    with pytest.raises(ValueError, match="rank"):
+        make_shard(plan, 2, 2, "group")
+
+
+def test_process_group_must_be_a_process_group():
+    with pytest.raises(TypeError, match="ProcessGroup"):
+        dash_fn.init(mixed_params(), dash_fn.DashConfig(block_size=8), process_group="world")
+
+
+def test_fsdp2_dtensor_params_get_a_clear_error(tmp_path):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        params = {"w": distribute_tensor(torch.randn(8, 8), mesh, [Shard(0)])}
+        with pytest.raises(TypeError, match="DTensor.*DistributedDataParallel"):
+            dash_fn.init(params, dash_fn.DashConfig(block_size=4))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module", params=[2, 3])
+def ranks(request, tmp_path_factory):
+    """Every rank's results of tests/distributed_worker.py run in ``world_size`` processes."""
+    world_size = request.param
+    out = tmp_path_factory.mktemp(f"w{world_size}")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen([sys.executable, WORKER, str(rank), str(world_size), str(out / "init"), str(out)], env=env, stderr=subprocess.PIPE, text=True)
+        for rank in range(world_size)
+    ]
+    errors = [proc.communicate(timeout=600)[1] for proc in procs]
+    for proc, error in zip(procs, errors):
+        assert proc.returncode == 0, error[-3000:]
+    return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(world_size)]
+
+
+SCENARIOS = ["eigh", "ndb", "one_dim_shampoo", "owns_nothing", "uniform", "compiled"]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_rank_equals_one_process_bitwise(ranks, scenario):
+    for rank, results in enumerate(ranks):
+        single, sharded = results[scenario]["single"], results[scenario]["sharded"]
+        for name in single:
+            assert torch.equal(sharded[name], single[name]), (rank, name)
+
+
+def test_adapter_with_process_group_and_checkpoint_equals_one_process(ranks):
+    for results in ranks:
+        for got, want in zip(results["adapter"]["sharded"], results["adapter"]["single"]):
+            assert torch.equal(got, want)
+
+
+def test_state_splits_across_ranks(ranks):
+    world_size = len(ranks)
+    uniform = [results["uniform"] for results in ranks]  # 36 equal blocks: an exact split
+    assert all(r["sharded_bytes"] * world_size == r["single_bytes"] for r in uniform)
+    for scenario in ("eigh", "ndb"):  # uneven blocks: within one 24x24 block's state of 1/W
+        per_rank = [results[scenario]["sharded_bytes"] for results in ranks]
+        single = ranks[0][scenario]["single_bytes"]
+        assert sum(per_rank) >= single  # AdamW vectors and counters exist on every rank
+        assert max(per_rank) <= single / world_size + 6 * 4 * 24 * 24 * 2
+
+
+def test_bfloat16_communication_stays_close(ranks):
+    """bf16 directions (8 bits of mantissa) over 10 steps at lr 1e-2/t: within 1e-3 relative."""
+    for results in ranks:
+        want, got = results["ndb"]["single"], results["bf16"]["sharded"]
+        for name in want:
+            scale = want[name].abs().max().clamp_min(1e-30)
+            assert ((got[name] - want[name]).abs().max() / scale) < 1e-3, name
+        assert any(not torch.equal(got[n], want[n]) for n in want)  # it did round

@@ -571,6 +571,26 @@ def test_deterministic_batch_invariant_and_rng_free(solver, scaling):
     assert torch.equal(torch.cat([inverse_root(X[:2], 4, config), inverse_root(X[2:], 4, config)]), out)
 
 
+@pytest.mark.parametrize("b", [5, 13, 24])
+@pytest.mark.parametrize("solver", ["eigh", *MATMUL_SOLVERS])
+def test_a_block_gets_the_same_bits_at_any_position_and_thread_count(solver, b):
+    """Oracle 19 for the distributed split: a block's root does not depend on where it sits
+    in the stack (odd sizes, whose blocks land at every alignment) or on torch's threads
+    (eigh splits the stack over them)."""
+    config = DashConfig(solver=solver, cheb_degree=12)
+    X = spd_stack(20, b, 1e3, f32)
+    whole = inverse_root(X, 4, config)
+    for start in range(1, 17):
+        assert torch.equal(inverse_root(X[start:].clone(), 4, config), whole[start:]), start
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert torch.equal(inverse_root(X, 4, config), whole)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.get_num_threads() == threads
+
+
 # --- the step with every solver ---------------------------------------------------------
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from typing import Callable
 
@@ -209,7 +210,9 @@ def main(argv: list[str] | None = None) -> None:
     for d in args.d_model:
         for b in args.block_size:
             for solver in args.solver:
-                rows += bench(layer_shapes(d), d, b, solver, device, args.reps, peak, compiled)
+                new = bench(layer_shapes(d), d, b, solver, device, args.reps, peak, compiled)
+                print(markdown(new).split("\n", 2)[2], file=sys.stderr, flush=True)  # rows so far, for long runs
+                rows += new
                 torch._dynamo.reset()
     print(markdown(rows))
     print()

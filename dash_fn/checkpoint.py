@@ -34,8 +34,8 @@ import torch
 from tensordict import TensorDict
 
 from .config import DashConfig
-from .inputs import flatten
 from .distributed import process_group_info
+from .inputs import flatten
 from .roots import resolve_solver, start_vectors
 from .state import make_state
 

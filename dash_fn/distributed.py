@@ -132,7 +132,7 @@ def gather_directions(shard: Shard, directions: Sequence[torch.Tensor], comm_dty
     buffer; the gathered (W, buffer) is cut back into groups, and each group's rank pieces,
     in rank order, are its whole stack.
     """
-    if shard.world_size == 1:
+    if shard.world_size == 1 or not directions:
         return list(directions)
     import torch.distributed._functional_collectives as collectives
 

@@ -8,8 +8,8 @@ import torch
 from tensordict import TensorDict
 
 from .config import DashConfig
-from .inputs import check_params, flatten
 from .distributed import make_shard, process_group_info
+from .inputs import check_params, flatten
 from .plan import Plan, make_plan
 from .roots import resolve_solver, start_vectors, uses_start_vectors
 

@@ -47,6 +47,10 @@ def step(params, grads, state: TensorDict, *, lr, refresh: bool | None = None):
     in place and the same TensorDict is returned (like JAX's donated buffers), so memory holds
     one copy of the state. Clone the state first if you need the old one.
 
+    A state made for a process group (``init(..., process_group=...)``) holds this rank's
+    blocks: the step updates them and all-gathers every rank's directions (one collective),
+    so every rank must call it, with the same params, grads, lr and refresh.
+
     A call whose inputs do not match the state raises ValueError/TypeError naming the first
     mismatch, before anything is modified.
     """

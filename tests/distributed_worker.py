@@ -31,6 +31,7 @@ SCENARIOS = {
         lambda: mixed_params(shapes={"w": (12, 10), "b": (10,)}),
         dash_fn.DashConfig(block_size=64, solver="cn"),
     ),
+    "vectors_only": (lambda: mixed_params(shapes={"b": (10,), "c": (3,)}), dash_fn.DashConfig(block_size=8)),
     "uniform": (
         lambda: mixed_params(shapes={f"w{i}": (48, 48) for i in range(4)}),
         dash_fn.DashConfig(block_size=16, solver="eigh"),

@@ -93,6 +93,22 @@ def test_fsdp2_dtensor_params_get_a_clear_error(tmp_path):
         dist.destroy_process_group()
 
 
+def test_a_ranks_checkpoint_loads_only_on_that_rank(tmp_path):
+    """A shard's file records its rank and world size; one process cannot load it as a whole."""
+    from dash_fn.state import make_state
+
+    params = mixed_params()
+    specs = [(n, tuple(x.shape), x.dtype) for n, x in params.items()]
+    config = dash_fn.DashConfig(block_size=8, solver="eigh")
+    shard = make_state(specs, config, torch.device("cpu"), rank=1, world_size=2, group_name="group")
+    dash_fn.save_state(tmp_path / "rank1.pt", shard)
+    with pytest.raises(ValueError, match="rank 1 of 2 but is loaded on one process"):
+        dash_fn.load_state(tmp_path / "rank1.pt", params=params)
+    dash_fn.save_state(tmp_path / "whole.pt", dash_fn.init(params, config))
+    blob = torch.load(tmp_path / "whole.pt", weights_only=True)
+    assert "shard" not in blob  # one-process files are as before
+
+
 @pytest.fixture(scope="module", params=[2, 3])
 def ranks(request, tmp_path_factory):
     """Every rank's results of tests/distributed_worker.py run in ``world_size`` processes."""
@@ -109,7 +125,7 @@ def ranks(request, tmp_path_factory):
     return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(world_size)]
 
 
-SCENARIOS = ["eigh", "ndb", "one_dim_shampoo", "owns_nothing", "uniform", "compiled"]
+SCENARIOS = ["eigh", "ndb", "one_dim_shampoo", "owns_nothing", "vectors_only", "uniform", "compiled"]
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)

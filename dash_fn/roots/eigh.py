@@ -82,7 +82,8 @@ def cpu_eigh(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """
     threads = min(torch.get_num_threads(), X.shape[0])
     if threads <= 1:
-        return torch.linalg.eigh(X)
+        mu, Q = torch.linalg.eigh(X)
+        return mu, Q.contiguous()  # LAPACK's vectors are column-major; the op promises row-major
     global _pool
     if _pool is None or _pool._max_workers < threads:
         _pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="dash_fn_eigh")
@@ -92,7 +93,7 @@ def cpu_eigh(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         parts = list(_pool.map(torch.linalg.eigh, X.chunk(threads)))
     finally:
         torch.set_num_threads(restore)
-    return torch.cat([mu for mu, _ in parts]), torch.cat([Q for _, Q in parts])
+    return torch.cat([mu for mu, _ in parts]), torch.cat([Q for _, Q in parts]).contiguous()
 
 
 @cpu_eigh.register_fake

@@ -91,6 +91,7 @@ class DASH(torch.optim.Optimizer):
 
     def __setstate__(self, state: dict) -> None:
         self._compiled_step = None  # rebuilt on first use: compiled functions do not pickle
+        state.setdefault("_process_group", None)  # pickled before process groups existed
         super().__setstate__(state)
 
     @torch.no_grad()

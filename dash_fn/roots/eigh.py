@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from .matmul import ALIGN_BYTES
+from .matmul import aligned_width
 from .scaling import root
 
 
@@ -55,8 +55,7 @@ def _aligned_eigh(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     eigenvectors mix with, so its top-left corner is ``f(X)``.
     """
     K, b = X.shape[0], X.shape[-1]
-    multiple = max(1, ALIGN_BYTES // X.element_size())
-    padded = -(-b // multiple) * multiple
+    padded = aligned_width(b, X.dtype)
     if padded != b:
         c = X.diagonal(dim1=-2, dim2=-1).abs().amax(dim=-1, keepdim=True)
         P = torch.diag_embed(c.expand(K, padded))

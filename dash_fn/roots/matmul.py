@@ -25,6 +25,12 @@ LOW_PRECISION = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 ALIGN_BYTES = 64
 
 
+def aligned_width(n: int, dtype: torch.dtype) -> int:
+    """``n`` rounded up so that ``n`` elements of ``dtype`` fill whole 64-byte lines."""
+    multiple = max(1, ALIGN_BYTES // dtype.itemsize)
+    return -(-n // multiple) * multiple
+
+
 def stacked_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` for stacks of blocks, giving each block the same bits wherever it sits.
 
@@ -36,10 +42,10 @@ def stacked_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     the extra columns are zero work to drop. Sizes already aligned (all full blocks) pass through.
     """
     n = b.shape[-1]
-    multiple = ALIGN_BYTES // b.element_size()
-    if n % multiple == 0:
+    width = aligned_width(n, b.dtype)
+    if width == n:
         return a @ b
-    wide = torch.nn.functional.pad(b, (0, multiple - n % multiple))
+    wide = torch.nn.functional.pad(b, (0, width - n))
     return (a @ wide)[..., :n].contiguous()
 
 

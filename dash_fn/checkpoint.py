@@ -1,9 +1,9 @@
 """Checkpoints of the DASH state: a versioned dict of primitives and tensors, and files of it.
 
-The dict (format ``dash_fn.state``, version 1) holds nothing but strings, numbers, lists,
+The dict (format ``dash_fn.state``, version 2) holds nothing but strings, numbers, lists,
 dicts and tensors, so ``torch.load(weights_only=True)`` reads it::
 
-    {"format": "dash_fn.state", "version": 1,
+    {"format": "dash_fn.state", "version": 2,
      "config": {field: value, ...},                 # the DashConfig, as primitives
      "params": [[name, [shape...], "float32"], ...], # in init order: the plan is rebuilt from it
      "tensors": {"step": ..., "groups/0/A": ..., "factors/0/F": ..., "adamw/m": ...},
@@ -18,7 +18,9 @@ Loading checks everything before it builds anything (format, version, checksum, 
 parameters, and every tensor's key, shape and dtype against the layout ``init`` would make),
 so a bad file or a mismatch raises a ``ValueError`` naming the first problem and yields nothing.
 A distributed state is saved by each rank (one file each) and loads on the same rank of a
-group of the same size; resharding to another world size is not supported.
+group of the same size; to move between world sizes, use the DCP dict of
+:mod:`dash_fn.distributed.dcp`, which also serves FSDP2 states. Version 1 files (fallback
+counters per stack, not per factor) still load: a stack's count goes to its first factor.
 ``torch.load`` does not verify its zip records' CRCs, hence the file checksum: without it a
 flipped byte in tensor data loads silently.
 """
@@ -36,11 +38,12 @@ from tensordict import TensorDict
 from .config import DashConfig
 from .distributed import process_group_info
 from .inputs import flatten
-from .roots import resolve_solver, start_vectors
+from .roots import resolve_solver, start_vectors, uses_start_vectors
 from .state import make_state
 
 FORMAT = "dash_fn.state"
-VERSION = 1
+VERSION = 2
+READABLE = (1, 2)
 CONSTANTS = ("start_vectors",)  # state entries derived from the config, never stored
 Placement = tuple[int, int, "str | None"]  # (rank, world size, process group name)
 CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(DashConfig))
@@ -53,6 +56,8 @@ def state_to_dict(state: TensorDict) -> dict:
     copies, as in ``torch.optim``'s ``state_dict``: save it before the next ``step``."""
     if not isinstance(state, TensorDict) or "plan" not in state.keys():
         raise TypeError("state_to_dict: state must be the TensorDict returned by dash_fn.init")
+    if state["shard"].kind != "replicated":
+        raise TypeError("state_to_dict: an FSDP2 state is saved with torch.distributed.checkpoint through dash_fn.state_dict")
     stored = state.exclude("config", "plan", "shard", *CONSTANTS)
     blob = {
         "format": FORMAT,
@@ -114,7 +119,7 @@ def _state_from_dict(blob, device, params, config, copy: bool, where: str, place
     if config is not None:
         _check_config(saved_config, config, where)
     template = _template(saved_params, saved_config, device, placement)
-    tensors = _check_tensors(blob.get("tensors"), template, where)
+    tensors = _check_tensors(_per_factor_fallbacks(blob, template), template, where)
     state = TensorDict({}, batch_size=[], device=device)
     for key, spec in template.items(include_nested=True, leaves_only=True):
         if key[0] in CONSTANTS:  # ("start_vectors", size)
@@ -129,10 +134,12 @@ def with_config(state: TensorDict, config: DashConfig, where: str = "state") -> 
     """The state under another config of the same layout: same tensors (not copies), the new
     config, start vectors made for it. Raises if ``config`` changes the layout."""
     check_layout(state["config"], config, where, found_in="the state")
-    blob = state_to_dict(state)
-    blob["config"] = dataclasses.asdict(config)
-    shard = state["shard"]
-    return _state_from_dict(blob, state["step"].device, None, None, False, where, (shard.rank, shard.world_size, shard.group_name))
+    device = state["step"].device
+    new = state.exclude("config", *CONSTANTS)
+    if uses_start_vectors(config, resolve_solver(config, device)):
+        sizes = sorted({stack.size for stack in state["shard"].local.factors})
+        new["start_vectors"] = {str(b): start_vectors(b, config, state["plan"].dtype, device) for b in sizes}
+    return new.set_non_tensor("config", config)
 
 
 def check_layout(found: DashConfig, expected: DashConfig, where: str, found_in: str = "the checkpoint") -> None:
@@ -143,6 +150,7 @@ def check_layout(found: DashConfig, expected: DashConfig, where: str, found_in: 
         ("one_dim", found.one_dim, expected.one_dim),
         ("beta_G > 0", found.beta_G > 0, expected.beta_G > 0),
         ("mu > 0", found.mu > 0, expected.mu > 0),
+        ("fsdp_blocks", found.fsdp_blocks, expected.fsdp_blocks),
     ):
         if f != e:
             raise ValueError(f"{where}: {name} is {e!r} here but {f!r} in {found_in}; it fixes the layout of the state, which therefore cannot serve this config")
@@ -213,8 +221,8 @@ def _check_header(blob, where: str) -> None:
     if not isinstance(blob, Mapping) or blob.get("format") != FORMAT:
         found = blob.get("format") if isinstance(blob, Mapping) else type(blob).__name__
         raise ValueError(f"{where} is not a dash_fn state (format {found!r}, expected {FORMAT!r})")
-    if blob.get("version") != VERSION:
-        raise ValueError(f"{where} has format version {blob.get('version')!r}; this dash_fn reads version {VERSION}")
+    if blob.get("version") not in READABLE:
+        raise ValueError(f"{where} has format version {blob.get('version')!r}; this dash_fn reads versions {READABLE}")
 
 
 def _checksum(blob: Mapping, where: str = "checkpoint") -> int:
@@ -316,3 +324,20 @@ def _check_tensors(tensors, template: TensorDict, where: str) -> dict:
         if key not in expected:
             raise ValueError(f"{where} has unexpected state tensor {key!r}")
     return dict(tensors)
+
+
+def _per_factor_fallbacks(blob, template: TensorDict):
+    """The tensors of a version-1 dict with each stack's 0-d fallback count given to its first factor."""
+    tensors = blob.get("tensors")
+    if blob.get("version") != 1 or not isinstance(tensors, Mapping):
+        return tensors
+    tensors = dict(tensors)
+    for key, spec in template.items(include_nested=True, leaves_only=True):
+        name = _join(key)
+        old = tensors.get(name)
+        if key[-1] == "fallbacks" and isinstance(old, torch.Tensor) and old.ndim == 0 and spec.ndim == 1:
+            counts = torch.zeros(spec.shape, dtype=old.dtype)
+            if spec.shape[0]:
+                counts[0] = old
+            tensors[name] = counts
+    return tensors

@@ -68,6 +68,7 @@ class DashConfig:
     adamw_beta2: float = 0.95
     adamw_eps: float = 1e-8
     comm_dtype: str | None = None  # distributed directions travel in the state dtype, or "bfloat16"
+    fsdp_blocks: str = "exact"  # FSDP2 shards: blocks as in one process ("exact") or cut at shard edges ("local")
 
     def __post_init__(self) -> None:
         _check_int(self, "block_size", 1)
@@ -88,6 +89,7 @@ class DashConfig:
         _check_choice(self, "matmul_dtype", DTYPES)
         _check_choice(self, "scaling_dtype", ("float32", "float64"))
         _check_choice(self, "comm_dtype", (None, "bfloat16"))
+        _check_choice(self, "fsdp_blocks", ("exact", "local"))
         for name in ("eps", "eps_power_iter", "weight_decay", "weight_decay_1d", "mu"):
             _check_float(self, name, 0.0, math.inf, "[0, inf)")
         for name in ("cn_tol", "ndb_tol", "cheb_eps", "scaling_const", "eps_graft", "adamw_eps"):

@@ -78,11 +78,11 @@ def order_like_plan(plan: Plan, names: list[str], tensors: list[torch.Tensor], w
     return [by_name[name] for name in plan.names]
 
 
-def check_step_inputs(plan: Plan, local: Plan, state, params: list[torch.Tensor], grads: list[torch.Tensor], lr, refresh) -> None:
-    """Raise on the first way params, grads, lr or refresh disagree with the state (whose
-    factor stacks are laid out by ``local``, this rank's share of ``plan``)."""
+def check_step_inputs(local: Plan, state, params: list[torch.Tensor], grads: list[torch.Tensor], lr, refresh) -> None:
+    """Raise on the first way params, grads, lr or refresh disagree with the state, whose
+    ``local`` plan describes the tensors this rank holds (whole parameters, or FSDP2 shards)."""
     device = state["step"].device
-    for p, param, grad in zip(plan.params, params, grads):
+    for p, param, grad in zip(local.params, params, grads):
         name = p.name
         if tuple(param.shape) != p.shape:
             raise ValueError(f"step: params[{name!r}] has shape {tuple(param.shape)}, the state expects {p.shape}")

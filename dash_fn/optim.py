@@ -22,9 +22,10 @@ from numbers import Real
 
 import torch
 
-from .checkpoint import CONFIG_FIELDS, check_layout, read_config, state_from_dict, state_to_dict, with_config
+from .checkpoint import CONFIG_FIELDS, check_layout, read_config, state_from_dict, with_config
+from .distributed.dcp import load_param_entries, param_entries
 from .config import DashConfig
-from .distributed import Shard, owned_ranges, process_group_info
+from .distributed import process_group_info
 from .plan import ADAMW
 from .state import init
 from .step import is_refresh_step
@@ -162,7 +163,8 @@ class DASH(torch.optim.Optimizer):
             groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": list(range(start, start + len(params)))})
             entry = self.state.get(params[0]) if params else None
             if entry:
-                state[start] = state_to_dict(entry["dash"])
+                for name, value in param_entries(entry["dash"]).items():
+                    state[start + int(name)] = value
             start += len(params)
         state_dict = {"state": state, "param_groups": groups}
         for hook in self._optimizer_state_dict_post_hooks.values():
@@ -191,6 +193,21 @@ class DASH(torch.optim.Optimizer):
         for hook in self._optimizer_load_state_dict_post_hooks.values():
             hook(self)
 
+    def _restored_state(self, params: list, config: DashConfig, found: list, where: str) -> dict:
+        """One group's state entry from its parameters' saved entries (or, as written by
+        dash_fn 0.1, one checkpoint dict for the whole group)."""
+        values = {str(i): p.detach() for i, p in enumerate(params)}
+        if len(found) == 1 and isinstance(found[0], Mapping) and "format" in found[0]:
+            blob = found[0]
+            check_layout(read_config(blob, where), config, where, found_in="the checkpoint's state")
+            specs = [(n, tuple(p.shape), p.dtype) for n, p in values.items()]
+            state = state_from_dict(blob, device=params[0].device, params=specs, where=where, process_group=self._process_group)
+        else:
+            if len(found) != len(params):
+                raise ValueError(f"{where}: the checkpoint has state for {len(found)} of its {len(params)} parameters")
+            state = load_param_entries(init(values, config, self._process_group), dict(zip(values, found)), where)
+        return {"dash": state, "step": int(state["step"])}
+
     def _restored(self, state_dict) -> tuple[list[dict], dict]:
         """The new param groups and state entries of a state dict, checked against this optimizer."""
         if not isinstance(state_dict, Mapping) or not isinstance(state_dict.get("param_groups"), list) or not isinstance(state_dict.get("state"), Mapping):
@@ -199,7 +216,7 @@ class DASH(torch.optim.Optimizer):
         if len(saved_groups) != len(self.param_groups):
             raise ValueError(f"load_state_dict: the checkpoint has {len(saved_groups)} param groups, this optimizer {len(self.param_groups)}")
         saved_state = dict(state_dict["state"])
-        groups, entries, start = [], {}, 0
+        groups, entries = [], {}
         for index, (group, saved) in enumerate(zip(self.param_groups, saved_groups)):
             where = f"load_state_dict: param_groups[{index}]"
             params = group["params"]
@@ -210,16 +227,12 @@ class DASH(torch.optim.Optimizer):
             config = group_config(new_group, where)
             _check_lr(new_group["lr"], where)
             check_layout(config, group_config(group, where), where)
-            blob = saved_state.pop(start, None) if params else None
-            if blob is not None:
-                check_layout(read_config(blob, where), config, where, found_in="the checkpoint's state")
-                specs = [(str(i), tuple(p.shape), p.dtype) for i, p in enumerate(params)]
-                state = state_from_dict(blob, device=params[0].device, params=specs, where=where, process_group=self._process_group)
-                entries[params[0]] = {"dash": state, "step": int(blob["tensors"]["step"])}
+            found = [saved_state.pop(key) for key in saved.get("params", ()) if key in saved_state]
+            if found:
+                entries[params[0]] = self._restored_state(params, config, found, where)
             groups.append(new_group)
-            start += len(params)
         if saved_state:
-            raise ValueError(f"load_state_dict: the checkpoint has state under key {next(iter(saved_state))!r}, which is no group's first parameter (a state dict of another optimizer?)")
+            raise ValueError(f"load_state_dict: the checkpoint has state under key {next(iter(saved_state))!r}, which names no parameter of this optimizer (a state dict of another optimizer?)")
         return groups, entries
 
 
@@ -234,18 +247,19 @@ def group_config(group: Mapping, where: str) -> DashConfig:
 def owned_slices(state, names: set[str]) -> list[torch.Tensor]:
     """Views of every slice of state that the named parameters own alone (see ``DASH``):
     on this rank, the blocks of theirs it holds and their factors, and their AdamW moments."""
-    shard: Shard = state["shard"]
+    shard = state["shard"]
+    local = shard.local
     views = []
-    for p in state["plan"].params:
+    for index, p in enumerate(local.params):
         if p.name not in names:
             continue
-        for g, start, stop in owned_ranges(shard, p):
+        for g, start, stop in shard.owned_ranges(index):
             views += [x[start:stop] for x in state["groups", str(g)].values()]
-            group = shard.local.groups[g]
+            group = local.groups[g]
             for side in (group.left, group.right):
                 if side is not None:  # block offset + i has its factors at side.offset + offset + i
-                    views += [x[side.offset + start : side.offset + stop] for x in state["factors", str(side.stack)].values() if x.ndim]
-        if p.kind == ADAMW:
+                    views += [x[side.offset + start : side.offset + stop] for x in state["factors", str(side.stack)].values()]
+        if p.kind == ADAMW and p.numel:
             views += [x[p.flat_offset : p.flat_offset + p.numel] for x in state["adamw"].values()]
     return views
 

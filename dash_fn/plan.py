@@ -215,7 +215,11 @@ def gather(plan: Plan, tensors: Sequence[torch.Tensor], dtype: torch.dtype) -> l
             view = x.reshape(p.view).to(dtype)
             for region in p.regions:  # regions are visited in offset order within each group
                 pieces[region.group].append(region_blocks(view, region))
-    return [blocks[0] if len(blocks) == 1 else torch.cat(blocks) for blocks in pieces]
+    device = tensors[0].device if tensors else None
+    return [
+        blocks[0] if len(blocks) == 1 else torch.cat(blocks) if blocks else torch.zeros(0, g.rows, g.cols, dtype=dtype, device=device)
+        for g, blocks in zip(plan.groups, pieces)
+    ]
 
 
 def scatter_param(p: ParamPlan, stacks: Sequence[torch.Tensor]) -> torch.Tensor:

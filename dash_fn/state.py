@@ -8,7 +8,8 @@ import torch
 from tensordict import TensorDict
 
 from .config import DashConfig
-from .distributed import make_shard, process_group_info
+from .distributed import make_fsdp_shard, make_shard, process_group_info
+from .distributed.fsdp import check_dtensors, local_shape
 from .inputs import check_params, flatten
 from .plan import Plan, make_plan
 from .roots import resolve_solver, start_vectors, uses_start_vectors
@@ -28,7 +29,7 @@ def init(params, config: DashConfig = DashConfig(), process_group=None) -> Tenso
         groups/<g>/Gt, A, M       per block group (N, r, c): gradient EMA (if beta_G > 0),
                                   grafting moment, momentum (if mu > 0)
         factors/<k>/F, Fbar       per factor stack (K, b, b): factors and their inverse roots
-        factors/<k>/fallbacks     int64 0-d, blocks whose refresh failed and kept the old root
+        factors/<k>/fallbacks     int64 (K,), per factor: refreshes that failed and kept the old root
         start_vectors/<b>         (b, k) power-iteration start vectors, when the solver scales by PI
         adamw/m, v                flat moments of the vectors under AdamW
         config, plan, shard       non-tensor data: the DashConfig, the blocking plan of all
@@ -42,34 +43,39 @@ def init(params, config: DashConfig = DashConfig(), process_group=None) -> Tenso
     check_params(names, tensors)
     if len(set(names)) != len(names):
         raise ValueError("init: params names a parameter twice")
-    device = tensors[0].device
-    _reject_dtensors(names, tensors)
+    mesh = check_dtensors(names, tensors)
     specs = [(n, tuple(x.shape), x.dtype) for n, x in zip(names, tensors)]
+    if mesh is None:
+        device = tensors[0].device
+        _warn_about_precision(config, device)
+        return make_state(specs, config, device, *process_group_info(process_group))
+    if process_group is not None:
+        raise TypeError("init: params are FSDP2 DTensors, whose DeviceMesh names the ranks; pass process_group=None")
+    mesh, dim = mesh
+    rank, world_size = mesh.get_local_rank(dim), mesh.size(dim)
+    for (name, shape, _), x in zip(specs, tensors):
+        if tuple(x.to_local().shape) != local_shape(shape, world_size, rank):
+            raise ValueError(
+                f"init: params[{name!r}] holds a shard of shape {tuple(x.to_local().shape)} on rank {rank}, not the "
+                f"{local_shape(shape, world_size, rank)} of FSDP2's even Shard(0) split of {shape} over {world_size} ranks"
+            )
+    device = tensors[0].to_local().device
     _warn_about_precision(config, device)
-    return make_state(specs, config, device, *process_group_info(process_group))
+    return make_state(specs, config, device, rank, world_size, mesh.get_group(dim).group_name, sharding="fsdp")
 
 
-def make_state(specs, config: DashConfig, device: torch.device, rank: int = 0, world_size: int = 1, group_name: str | None = None) -> TensorDict:
-    """The initial state for parameters given as (name, shape, dtype), for one rank of W."""
+def make_state(
+    specs, config: DashConfig, device: torch.device, rank: int = 0, world_size: int = 1, group_name: str | None = None, sharding: str = "replicated"
+) -> TensorDict:
+    """The initial state for parameters given as (name, shape, dtype), for one rank of W whose
+    parameters are whole (``sharding="replicated"``) or FSDP2 row shards (``"fsdp"``)."""
     plan = make_plan(specs, config.block_size, config.one_dim)
-    shard = make_shard(plan, rank, world_size, group_name)
+    if sharding == "fsdp":
+        shard = make_fsdp_shard(plan, rank, world_size, group_name, config.fsdp_blocks, config.one_dim)
+    else:
+        shard = make_shard(plan, rank, world_size, group_name)
     state = TensorDict(_layout(shard.local, config, device), batch_size=[], device=device)
     return state.set_non_tensor("config", config).set_non_tensor("plan", plan).set_non_tensor("shard", shard)
-
-
-def _reject_dtensors(names: list[str], tensors: list[torch.Tensor]) -> None:
-    """FSDP2 shards parameters as DTensors; DASH's blocks need whole parameters on each rank."""
-    if all(type(x) in (torch.Tensor, torch.nn.Parameter) for x in tensors):
-        return
-    from torch.distributed.tensor import DTensor
-
-    for name, x in zip(names, tensors):
-        if isinstance(x, DTensor):
-            raise TypeError(
-                f"init: params[{name!r}] is a DTensor (FSDP2 / fully_shard); dash_fn needs whole, replicated "
-                "parameters. Train with DistributedDataParallel (or all-reduce the grads yourself) and pass "
-                "process_group= to dash_fn.init / dash_fn.DASH: that shards the optimizer state across ranks instead."
-            )
 
 
 def _layout(plan: Plan, config: DashConfig, device: torch.device) -> dict:
@@ -90,8 +96,8 @@ def _layout(plan: Plan, config: DashConfig, device: torch.device) -> dict:
         eye = torch.eye(stack.size, dtype=plan.dtype, device=device)
         factors[str(k)] = {
             "F": zeros(stack.count, stack.size, stack.size),
-            "Fbar": eye.expand(stack.count, -1, -1).clone(),  # roots start at I
-            "fallbacks": torch.zeros((), dtype=torch.int64, device=device),
+            "Fbar": eye.repeat(stack.count, 1, 1),  # roots start at I (contiguous even when empty)
+            "fallbacks": torch.zeros(stack.count, dtype=torch.int64, device=device),
         }
     layout = {"step": torch.zeros((), dtype=torch.int64, device=device), "groups": groups, "factors": factors}
     if uses_start_vectors(config, resolve_solver(config, device)):

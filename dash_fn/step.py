@@ -12,9 +12,9 @@ import torch
 from tensordict import TensorDict
 
 from .config import DashConfig
-from .distributed import Shard, gather_directions, owned_blocks
+from .distributed.fsdp import like, to_local
 from .inputs import check_step_inputs, flatten, order_like_plan, rebuild
-from .plan import ADAMW, EMPTY, SEGMENTS, Plan, gather, scatter_param
+from .plan import ADAMW, EMPTY, SEGMENTS, Plan
 from .roots import refresh_roots
 from .roots.matmul import stacked_matmul
 
@@ -58,23 +58,24 @@ def step(params, grads, state: TensorDict, *, lr, refresh: bool | None = None):
         raise TypeError("step: state must be the TensorDict returned by dash_fn.init")
     config: DashConfig = state["config"]
     plan: Plan = state["plan"]
-    shard: Shard = state["shard"]
+    shard = state["shard"]
     keys, names, param_list = flatten(params, "params")
     _, grad_names, grad_list = flatten(grads, "grads")
-    ordered_params = order_like_plan(plan, names, param_list, "params")
-    ordered_grads = order_like_plan(plan, grad_names, grad_list, "grads")
-    check_step_inputs(plan, shard.local, state, ordered_params, ordered_grads, lr, refresh)
+    ordered_params = order_like_plan(plan, names, [to_local(x) for x in param_list], "params")
+    ordered_grads = order_like_plan(plan, grad_names, [to_local(x) for x in grad_list], "grads")
+    check_step_inputs(shard.local, state, ordered_params, ordered_grads, lr, refresh)
     with torch.no_grad():
         updated = dict(zip(plan.names, _apply(plan, shard, config, state, ordered_params, ordered_grads, lr, refresh)))
-    return rebuild(params, keys, [updated[n] for n in names]), state
+    return rebuild(params, keys, [like(x, updated[n]) for n, x in zip(names, param_list)]), state
 
 
-def _apply(plan: Plan, shard: Shard, config: DashConfig, state: TensorDict, params, grads, lr, refresh) -> list[torch.Tensor]:
-    """Steps b-h on this rank's blocks (``shard.local``), the gather, then a and i on all params."""
+def _apply(plan: Plan, shard, config: DashConfig, state: TensorDict, params, grads, lr, refresh) -> list[torch.Tensor]:
+    """Steps b-h on this rank's blocks (``shard.local``), the directions brought to the
+    parameters' rows (:mod:`dash_fn.distributed`), then a and i on this rank's params."""
     t = state["step"] + 1
     state["step"].copy_(t)
     local = shard.local
-    blocks = owned_blocks(shard, gather(plan, grads, plan.dtype))
+    blocks = shard.gradient_blocks(plan, grads)
     grafting_moments, momenta = _accumulate(local, config, state, blocks, t)
     s = config.start_prec_step
     if s != math.inf and refresh is not False:
@@ -85,8 +86,8 @@ def _apply(plan: Plan, shard: Shard, config: DashConfig, state: TensorDict, para
     if config.mu > 0:
         directions = [_momentum(config, state["groups", str(g), "M"], P) for g, P in enumerate(directions)]
     comm_dtype = None if config.comm_dtype is None else getattr(torch, config.comm_dtype)
-    directions = gather_directions(shard, directions, comm_dtype)
-    return _update_params(plan, config, state, params, grads, directions, lr, t)
+    updates = shard.parameter_updates(plan, directions, comm_dtype)
+    return _update_params(local, config, state, params, grads, updates, lr, t)
 
 
 def _bias_correction(beta: float, t: torch.Tensor, dtype: torch.dtype):
@@ -144,7 +145,7 @@ def _refresh(plan: Plan, config: DashConfig, state: TensorDict, t, refresh) -> N
 
     def keep(*operands):
         return tuple(fb.clone() for fb in operands[n : 2 * n]) + tuple(
-            torch.zeros((), dtype=torch.int64, device=fb.device) for fb in operands[n : 2 * n]
+            torch.zeros(fb.shape[0], dtype=torch.bool, device=fb.device) for fb in operands[n : 2 * n]
         )
 
     if refresh is None:
@@ -196,18 +197,18 @@ def _momentum(config: DashConfig, M: torch.Tensor, P: torch.Tensor) -> torch.Ten
     return P + config.mu * M if config.nesterov else M.clone()
 
 
-def _update_params(plan: Plan, config: DashConfig, state: TensorDict, params, grads, directions, lr, t):
-    """Weight decay (a) and the update (i) for matrices; AdamW (j) for vectors."""
+def _update_params(plan: Plan, config: DashConfig, state: TensorDict, params, grads, updates, lr, t):
+    """Weight decay (a) and the update (i) for matrices; AdamW (j) for vectors (``plan``
+    describes the tensors this rank holds)."""
     adamw_dirs = _adamw_directions(plan, config, state, grads, t) if plan.adamw_numel else None
     out = []
-    for p, W in zip(plan.params, params):
-        if p.kind == EMPTY:
+    for p, W, update in zip(plan.params, params, updates):
+        if p.kind == EMPTY or p.numel == 0:  # nothing of it on this rank
             out.append(W)
             continue
         if p.kind == ADAMW:
             update, decay = adamw_dirs[p.flat_offset : p.flat_offset + p.numel].reshape(p.shape), config.weight_decay_1d
         else:
-            update = scatter_param(p, directions).reshape(p.shape)
             decay = config.weight_decay_1d if p.kind == SEGMENTS else config.weight_decay
         X = W.to(plan.dtype)
         if decay:

@@ -113,7 +113,7 @@ def test_state_file_holds_primitives_and_tensors_only(tmp_path):
     state = dash_fn.init(params, dash_fn.DashConfig(block_size=16, solver="ndb", start_prec_step=math.inf))
     dash_fn.save_state(tmp_path / "state.pt", state)
     blob = torch.load(tmp_path / "state.pt", weights_only=True)
-    assert (blob["format"], blob["version"]) == ("dash_fn.state", 1)
+    assert (blob["format"], blob["version"]) == ("dash_fn.state", 2)
     assert blob["config"]["start_prec_step"] == math.inf and blob["config"]["solver"] == "ndb"
     assert blob["params"][0] == ["square", [32, 32], "float32"]
     assert ("start_vectors", "16") in tensors(state) and not any(k.startswith("start_vectors") for k in blob["tensors"])
@@ -169,8 +169,12 @@ def test_load_state_dict_rejects_another_layout_and_bad_entries(stepped):
     coarser, _ = make_optimizer(parameters(), solver="eigh", block_size=32)
     rejects(coarser, state_dict, r"param_groups\[0\]: block_size is 32 here but 16 in the checkpoint")
     broken = {**state_dict, "state": dict(state_dict["state"])}  # the second group's entry is damaged
-    broken["state"][3] = {**broken["state"][3], "tensors": {k: v for k, v in broken["state"][3]["tensors"].items() if k != "adamw/v"}}
-    rejects(opt, broken, r"param_groups\[1\].* lacks state tensor 'adamw/v'")
+    broken["state"][4] = {k: v for k, v in broken["state"][4].items() if k != "v"}
+    rejects(opt, broken, r"param_groups\[1\]: parameter '1': lacks tensor 'v'")
+    broken["state"][4] = {**state_dict["state"][4], "step": state_dict["state"][4]["step"] + 1}
+    rejects(opt, broken, r"param_groups\[1\]: parameter '1' is at step 4 but '0' at 3")
+    broken = {**state_dict, "state": {**state_dict["state"], 1: {k: v for k, v in state_dict["state"][1].items() if k != "block_16_0"}}}
+    rejects(opt, broken, r"param_groups\[0\]: the checkpoint lacks block 'block_16_0' of parameter '1'")
     adam = torch.optim.AdamW(params.values())
     adam.step()
     rejects(opt, {**state_dict, "state": adam.state_dict()["state"]}, "not a dash_fn state")
@@ -219,7 +223,7 @@ def test_damaged_or_foreign_files_raise_clear_errors(tmp_path):
     blob = torch.load(good, weights_only=True)
     for change, match in [
         ({"format": "other"}, "not a dash_fn state"),
-        ({"version": 99}, "version 99; this dash_fn reads version 1"),
+        ({"version": 99}, "version 99; this dash_fn reads versions \(1, 2\)"),
         ({"checksum": None}, "checksum does not match"),
     ]:
         torch.save({**blob, **change}, tmp_path / "changed.pt")

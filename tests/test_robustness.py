@@ -51,10 +51,10 @@ def test_non_finite_factor_keeps_old_root_and_is_counted():
     assert torch.equal(new[2], old[2])
     others = [k for k in range(new.shape[0]) if k != 2]
     assert all(not torch.equal(new[k], old[k]) for k in others)
-    assert int(state["factors", "0", "fallbacks"]) == 1
+    assert int(state["factors", "0", "fallbacks"].sum()) == 1
     assert torch.isfinite(new).all()
     params, state = dash_fn.step(params, {"w": torch.randn(16, 24)}, state, lr=0.01)
-    assert int(state["factors", "0", "fallbacks"]) == 2  # still poisoned: +1 per refresh
+    assert int(state["factors", "0", "fallbacks"].sum()) == 2  # still poisoned: +1 per refresh
 
 
 @settings(max_examples=25, deadline=None)

@@ -80,7 +80,7 @@ def refresh_roots(
 
     ALGORITHM.md 7.2: a block with a non-finite factor is solved as I (so it cannot spoil
     anything) and, like a block whose new root is non-finite, keeps its previous root.
-    Returns (roots, number of blocks that fell back) without any host sync.
+    Returns (roots, a (K,) bool mask of the blocks that fell back) without any host sync.
     """
     solver = resolve_solver(config, factors.device)
     finite_factor = torch.isfinite(factors).all(dim=(-2, -1))
@@ -88,4 +88,4 @@ def refresh_roots(
     safe = torch.where(finite_factor[:, None, None], factors, identity)
     new = SOLVERS[solver](safe, p, config, start)
     ok = finite_factor & torch.isfinite(new).all(dim=(-2, -1))
-    return torch.where(ok[:, None, None], new, roots).contiguous(), (~ok).sum()
+    return torch.where(ok[:, None, None], new, roots).contiguous(), ~ok

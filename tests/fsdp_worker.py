@@ -1,0 +1,182 @@
+"""What each spawned rank of tests/test_fsdp.py runs (gloo on CPU).
+
+``python fsdp_worker.py RANK W INIT_FILE OUT TASK [FROM_W]``:
+
+- ``equal``: functional scenarios on DTensor shards (``Shard(0)`` on a 1-D mesh, uneven and
+  empty shards), each rank's shards after 10 steps written for the test to compare with one
+  process; local mode beside its per-shard oracle; the aot_eager-compiled step.
+- ``save``: the adapter trains 5 steps under FSDP2 (``fully_shard``) and under DDP-style
+  ownership (``process_group=``), and saves each with ``torch.distributed.checkpoint``.
+- ``resume FROM_W``: loads the checkpoints saved by FROM_W ranks and trains 5 more steps;
+  the full parameters are written for the test to compare with an uninterrupted run.
+
+Gradients are computed identically on every rank from seeded generators (the full gradient,
+then each rank's shard of it), so FSDP's own reduction is not under test.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import dash_fn  # noqa: E402
+from conftest import random_grads  # noqa: E402
+
+STEPS = 10
+# rows not divisible by 2 or 3, a matrix with fewer rows than ranks, vectors, a conv kernel
+SHAPES = {"w": (30, 20), "thin": (2, 9), "conv": (5, 3, 2, 2), "bias": (30,), "vec": (7,)}
+SCENARIOS = {
+    "eigh": dash_fn.DashConfig(block_size=8, solver="eigh", inv_root_freq=3),
+    "ndb": dash_fn.DashConfig(block_size=6, solver="ndb", inv_root_freq=2, mu=0.9),
+    "one_dim_shampoo": dash_fn.DashConfig(block_size=8, solver="eigh", one_dim="shampoo", weight_decay=0.1, weight_decay_1d=0.05),
+}
+ADAPTER = dict(lr=1e-2, block_size=8, solver="eigh", mu=0.5, weight_decay=0.01)
+
+
+def full_params(seed: int = 0) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {k: torch.randn(s, generator=gen) for k, s in SHAPES.items()}
+
+
+def shard_of(full: torch.Tensor, mesh) -> torch.Tensor:
+    """Rank's ``Shard(0)`` piece of ``full`` as a DTensor, without communication."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    rank, world = mesh.get_local_rank(0), mesh.size(0)
+    chunk = -(-full.shape[0] // world)
+    lo, hi = min(rank * chunk, full.shape[0]), min((rank + 1) * chunk, full.shape[0])
+    return DTensor.from_local(full[lo:hi].clone(), mesh, (Shard(0),), run_check=False, shape=full.shape, stride=full.stride())
+
+
+def run_functional(config, mesh=None, steps=STEPS, compile_backend=None):
+    params = full_params()
+    if mesh is not None:
+        params = {k: shard_of(v, mesh) for k, v in params.items()}
+    state = dash_fn.init(params, config)
+    step = dash_fn.step if compile_backend is None else torch.compile(dash_fn.step, fullgraph=True, backend=compile_backend)
+    for t in range(1, steps + 1):
+        grads = random_grads(full_params(), t)
+        if mesh is not None:
+            grads = {k: shard_of(v, mesh) for k, v in grads.items()}
+        params, state = step(params, grads, state, lr=1e-2 / t)
+    return params, state
+
+
+def local_oracle(config, rank: int, world: int) -> dict[str, torch.Tensor]:
+    """fsdp_blocks="local" on this rank = one process on this rank's shards as whole params."""
+    def piece(x):
+        chunk = -(-x.shape[0] // world)
+        return x[min(rank * chunk, x.shape[0]) : min((rank + 1) * chunk, x.shape[0])].clone()
+
+    params = {k: piece(v) for k, v in full_params().items()}
+    state = dash_fn.init(params, config)
+    for t in range(1, STEPS + 1):
+        params, state = dash_fn.step(params, {k: piece(v) for k, v in random_grads(full_params(), t).items()}, state, lr=1e-2 / t)
+    return params
+
+
+def equal_task(rank: int, world: int, out: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world,))
+    results = {}
+    for name, config in SCENARIOS.items():
+        params, state = run_functional(config, mesh)
+        results[name] = {k: v.to_local() for k, v in params.items()}
+        results[name + "_moved"] = state["shard"].exchanges
+    local = SCENARIOS["eigh"].replace(fsdp_blocks="local")
+    results["local"] = {k: v.to_local() for k, v in run_functional(local, mesh)[0].items()}
+    results["local_oracle"] = local_oracle(local, rank, world)
+    torch._dynamo.config.recompile_limit = 64
+    compiled = run_functional(SCENARIOS["eigh"], mesh, compile_backend="aot_eager")[0]
+    results["compiled"] = {k: v.to_local() for k, v in compiled.items()}
+    torch.save(results, os.path.join(out, f"rank{rank}.pt"))
+
+
+def model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(20, 30), torch.nn.Tanh(), torch.nn.Linear(30, 5))
+
+
+def set_grads(net: torch.nn.Module, t: int, mesh=None) -> None:
+    full = random_grads({k: v.detach() for k, v in model().named_parameters()}, t)
+    for name, p in net.named_parameters():
+        p.grad = shard_of(full[name], mesh) if mesh is not None else full[name].clone()
+
+
+def reference(steps: int = STEPS) -> list[torch.Tensor]:
+    """The uninterrupted one-process run of the adapter."""
+    net = model()
+    opt = dash_fn.DASH(net.parameters(), **ADAPTER)
+    for t in range(1, steps + 1):
+        set_grads(net, t)
+        opt.step()
+    return [p.detach().clone() for p in net.parameters()]
+
+
+def sharded_training(mode: str, world: int):
+    """The adapter under FSDP2 (``fully_shard`` per Linear and at the root) or DDP ownership."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    net = model()
+    if mode == "fsdp":
+        mesh = init_device_mesh("cpu", (world,))
+        for layer in (net[0], net[2]):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(net, mesh=mesh)
+        return net, dash_fn.DASH(net.parameters(), **ADAPTER), mesh
+    return net, dash_fn.DASH(net.parameters(), process_group=dist.group.WORLD, **ADAPTER), None
+
+
+def save_task(world: int, out: str) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    for mode in ("fsdp", "ddp"):
+        net, opt, mesh = sharded_training(mode, world)
+        for t in range(1, STEPS // 2 + 1):
+            set_grads(net, t, mesh)
+            opt.step()
+        model_sd, optim_sd = get_state_dict(net, opt)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=os.path.join(out, f"{mode}_w{world}"))
+
+
+def resume_task(rank: int, world: int, out: str, saved_world: int) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    results = {}
+    for mode in ("fsdp", "ddp"):
+        net, opt, mesh = sharded_training(mode, world)
+        model_sd, optim_sd = get_state_dict(net, opt)
+        sd = {"model": model_sd, "optim": optim_sd}
+        dcp.load(sd, checkpoint_id=os.path.join(out, f"{mode}_w{saved_world}"))
+        set_state_dict(net, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+        for t in range(STEPS // 2 + 1, STEPS + 1):
+            set_grads(net, t, mesh)
+            opt.step()
+        results[mode] = [p.full_tensor() if mesh is not None else p.detach().clone() for p in net.parameters()]
+    torch.save(results, os.path.join(out, f"resume_w{saved_world}_to_w{world}_rank{rank}.pt"))
+
+
+def main(rank: int, world: int, init_file: str, out: str, task: str, *args: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    if task == "equal":
+        equal_task(rank, world, out)
+    elif task == "save":
+        save_task(world, out)
+    elif task == "resume":
+        resume_task(rank, world, out, int(args[0]))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:])

@@ -6,10 +6,14 @@
 
 from .checkpoint import load_state, save_state
 from .config import DashConfig
+from .distributed.dcp import load_state_dict, state_dict
 from .optim import DASH
 from .roots import inverse_root, start_vectors
 from .state import init
 from .step import is_refresh_step, step
 
-__all__ = ["DashConfig", "init", "step", "is_refresh_step", "inverse_root", "start_vectors", "DASH", "save_state", "load_state"]
+__all__ = [
+    "DashConfig", "init", "step", "is_refresh_step", "inverse_root", "start_vectors", "DASH",
+    "save_state", "load_state", "state_dict", "load_state_dict",
+]
 __version__ = "0.1.0"

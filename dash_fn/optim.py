@@ -141,7 +141,9 @@ class DASH(torch.optim.Optimizer):
 
     def _compiled(self):
         if self._compiled_step is None:
-            options = {} if self._compile is True else self._compile
+            # dynamic=False: Dynamo caches graphs per function, so a second optimizer (another
+            # model) would otherwise turn the plan's ints symbolic, which the step cannot trace
+            options = {"dynamic": False, **({} if self._compile is True else self._compile)}
             self._compiled_step = torch.compile(functional_step, fullgraph=True, **options)
         return self._compiled_step
 

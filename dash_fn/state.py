@@ -23,6 +23,12 @@ def init(params, config: DashConfig = DashConfig(), process_group=None) -> Tenso
     the other ranks' directions itself; every rank must call ``init`` and ``step`` with the
     same params, grads (all-reduced), config and lr.
 
+    FSDP2 parameters (DTensors placed ``Shard(0)`` by ``fully_shard`` on a 1-D mesh, or
+    ``(Replicate(), Shard(0))`` on a 2-D HSDP mesh) need no ``process_group``: the state holds
+    the blocks this rank owns (:mod:`dash_fn.distributed.fsdp`), and ``step`` takes and returns
+    the DTensors (or their local shards). ``config.fsdp_blocks`` picks exact blocks (as one
+    process, the default) or blocks cut at shard edges (no communication; results depend on W).
+
     Layout (all tensors in the plan's dtype, on the params' device)::
 
         step                      int64 0-d, the number of steps taken

@@ -95,6 +95,12 @@ def equal_task(rank: int, world: int, out: str) -> None:
     torch._dynamo.config.recompile_limit = 64
     compiled = run_functional(SCENARIOS["eigh"], mesh, compile_backend="aot_eager")[0]
     results["compiled"] = {k: v.to_local() for k, v in compiled.items()}
+    net, _, mesh = sharded_training("fsdp", world)
+    opt = dash_fn.DASH(net.parameters(), compile={"backend": "aot_eager"}, **ADAPTER)
+    for t in range(1, STEPS + 1):
+        set_grads(net, t, mesh)
+        opt.step()
+    results["compiled_adapter"] = [p.full_tensor() for p in net.parameters()]
     torch.save(results, os.path.join(out, f"rank{rank}.pt"))
 
 
@@ -109,10 +115,10 @@ def set_grads(net: torch.nn.Module, t: int, mesh=None) -> None:
         p.grad = shard_of(full[name], mesh) if mesh is not None else full[name].clone()
 
 
-def reference(steps: int = STEPS) -> list[torch.Tensor]:
+def reference(steps: int = STEPS, compile=False) -> list[torch.Tensor]:
     """The uninterrupted one-process run of the adapter."""
     net = model()
-    opt = dash_fn.DASH(net.parameters(), **ADAPTER)
+    opt = dash_fn.DASH(net.parameters(), compile=compile, **ADAPTER)
     for t in range(1, steps + 1):
         set_grads(net, t)
         opt.step()
@@ -134,10 +140,31 @@ def sharded_training(mode: str, world: int):
     return net, dash_fn.DASH(net.parameters(), process_group=dist.group.WORLD, **ADAPTER), None
 
 
+FUNCTIONAL = dash_fn.DashConfig(block_size=8, solver="eigh", mu=0.5, inv_root_freq=2)
+
+
+def functional_training(world: int):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world,))
+    params = {k: shard_of(v, mesh) for k, v in full_params().items()}
+    return params, dash_fn.init(params, FUNCTIONAL), mesh
+
+
+def functional_steps(params, state, mesh, steps):
+    for t in steps:
+        grads = {k: shard_of(v, mesh) for k, v in random_grads(full_params(), t).items()}
+        params, state = dash_fn.step(params, grads, state, lr=1e-2 / t)
+    return params, state
+
+
 def save_task(world: int, out: str) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
+    params, state, mesh = functional_training(world)
+    params, state = functional_steps(params, state, mesh, range(1, STEPS // 2 + 1))
+    dcp.save({"params": params, "optim": dash_fn.state_dict(state)}, checkpoint_id=os.path.join(out, f"functional_w{world}"))
     for mode in ("fsdp", "ddp"):
         net, opt, mesh = sharded_training(mode, world)
         for t in range(1, STEPS // 2 + 1):
@@ -151,7 +178,12 @@ def resume_task(rank: int, world: int, out: str, saved_world: int) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    results = {}
+    results = {"errors": config_mismatch(world, os.path.join(out, f"fsdp_w{saved_world}"))}
+    params, state, mesh = functional_training(world)
+    sd = {"params": params, "optim": dash_fn.state_dict(state)}
+    dcp.load(sd, checkpoint_id=os.path.join(out, f"functional_w{saved_world}"))
+    params, state = functional_steps(sd["params"], dash_fn.load_state_dict(state, sd["optim"]), mesh, range(STEPS // 2 + 1, STEPS + 1))
+    results["functional"] = {k: v.full_tensor() for k, v in params.items()}
     for mode in ("fsdp", "ddp"):
         net, opt, mesh = sharded_training(mode, world)
         model_sd, optim_sd = get_state_dict(net, opt)
@@ -165,6 +197,46 @@ def resume_task(rank: int, world: int, out: str, saved_world: int) -> None:
     torch.save(results, os.path.join(out, f"resume_w{saved_world}_to_w{world}_rank{rank}.pt"))
 
 
+def config_mismatch(world: int, checkpoint: str) -> list[str]:
+    """Load a checkpoint into an optimizer of another block size: the errors raised."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    errors = []
+    net, _, mesh = sharded_training("fsdp", world)
+    opt = dash_fn.DASH(net.parameters(), **{**ADAPTER, "block_size": 4})
+    model_sd, optim_sd = get_state_dict(net, opt)
+    sd = {"model": model_sd, "optim": optim_sd}
+    dcp.load(sd, checkpoint_id=checkpoint, planner=DefaultLoadPlanner(allow_partial_load=True))
+    before = [x.clone() for x in opt.state[net[0].weight]["dash"].values(include_nested=True, leaves_only=True)]
+    try:
+        set_state_dict(net, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+    except ValueError as error:
+        errors.append(str(error))
+    after = list(opt.state[net[0].weight]["dash"].values(include_nested=True, leaves_only=True))
+    errors.append(f"unchanged: {all(torch.equal(a, b) for a, b in zip(before, after))}")
+    return errors
+
+
+def hsdp_task(rank: int, out: str) -> None:
+    """(Replicate(), Shard(0)) on a 2 x 2 mesh: every rank's shard equals one process."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+
+    def hsdp(full):
+        local = shard_of(full, mesh["shard"]).to_local()
+        return DTensor.from_local(local, mesh, (Replicate(), Shard(0)), run_check=False, shape=full.shape, stride=full.stride())
+
+    params = {k: hsdp(v) for k, v in full_params().items()}
+    state = dash_fn.init(params, SCENARIOS["eigh"])
+    for t in range(1, STEPS + 1):
+        params, state = dash_fn.step(params, {k: hsdp(v) for k, v in random_grads(full_params(), t).items()}, state, lr=1e-2 / t)
+    torch.save({k: v.full_tensor() for k, v in params.items()}, os.path.join(out, f"hsdp_rank{rank}.pt"))
+
+
 def main(rank: int, world: int, init_file: str, out: str, task: str, *args: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
@@ -174,6 +246,8 @@ def main(rank: int, world: int, init_file: str, out: str, task: str, *args: str)
         save_task(world, out)
     elif task == "resume":
         resume_task(rank, world, out, int(args[0]))
+    elif task == "hsdp":
+        hsdp_task(rank, out)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -173,8 +173,8 @@ def test_load_state_dict_rejects_another_layout_and_bad_entries(stepped):
     rejects(opt, broken, r"param_groups\[1\]: parameter '1': lacks tensor 'v'")
     broken["state"][4] = {**state_dict["state"][4], "step": state_dict["state"][4]["step"] + 1}
     rejects(opt, broken, r"param_groups\[1\]: parameter '1' is at step 4 but '0' at 3")
-    broken = {**state_dict, "state": {**state_dict["state"], 1: {k: v for k, v in state_dict["state"][1].items() if k != "block_16_0"}}}
-    rejects(opt, broken, r"param_groups\[0\]: the checkpoint lacks block 'block_16_0' of parameter '1'")
+    broken = {**state_dict, "state": {**state_dict["state"], 1: {k: v for k, v in state_dict["state"][1].items() if k != "rows_16_32_cols_0_16"}}}
+    rejects(opt, broken, r"param_groups\[0\]: the checkpoint lacks block 'rows_16_32_cols_0_16' of parameter '1'")
     adam = torch.optim.AdamW(params.values())
     adam.step()
     rejects(opt, {**state_dict, "state": adam.state_dict()["state"]}, "not a dash_fn state")

@@ -78,21 +78,6 @@ def test_process_group_must_be_a_process_group():
         dash_fn.init(mixed_params(), dash_fn.DashConfig(block_size=8), process_group="world")
 
 
-def test_fsdp2_dtensor_params_get_a_clear_error(tmp_path):
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
-    try:
-        mesh = init_device_mesh("cpu", (1,))
-        params = {"w": distribute_tensor(torch.randn(8, 8), mesh, [Shard(0)])}
-        with pytest.raises(TypeError, match="DTensor.*DistributedDataParallel"):
-            dash_fn.init(params, dash_fn.DashConfig(block_size=4))
-    finally:
-        dist.destroy_process_group()
-
-
 def test_a_ranks_checkpoint_loads_only_on_that_rank(tmp_path):
     """A shard's file records its rank and world size; one process cannot load it as a whole."""
     from dash_fn.state import make_state

@@ -206,6 +206,22 @@ def test_compiled_step_matches_eager_in_one_graph():
         torch.testing.assert_close(runs[True][k], runs[False][k], rtol=1e-5, atol=1e-6, msg=k)
 
 
+def test_two_compiled_optimizers_on_different_models_in_one_process():
+    """Dynamo caches graphs per function: the second model's plan must not turn symbolic."""
+    for shapes in ({"w": (12, 10), "s": (8, 8), "b": (10,)}, {"u": (6, 9), "v": (4, 6), "c": (4,)}):
+        params = {k: torch.nn.Parameter(v) for k, v in mixed_params(shapes=shapes).items()}
+        opt = dash_fn.DASH(params.values(), lr=0.01, compile={"backend": "aot_eager"}, block_size=16, solver="eigh")
+        eager = dash_fn.DASH([torch.nn.Parameter(p.detach().clone()) for p in params.values()], lr=0.01, block_size=16, solver="eigh")
+        for t in range(1, 3):
+            set_grads(params, random_grads(params, t))
+            for p, q in zip(params.values(), eager.param_groups[0]["params"]):
+                q.grad = p.grad.clone()
+            opt.step()
+            eager.step()
+        for p, q in zip(params.values(), eager.param_groups[0]["params"]):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
 def test_changed_hyper_parameter_applies_and_layout_change_is_refused():
     params = parameters()
     opt = dash_fn.DASH(params.values(), lr=0.01, **CONFIG)

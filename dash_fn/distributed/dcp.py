@@ -8,8 +8,8 @@ written per parameter and per block instead::
     {parameter name: {
         "shape", "dtype": [int, ...], str         the whole parameter's, checked on load
         "step": int64 0-d,                        the step counter (equal for all parameters)
-        "block_<row>_<col>": {                    a block by its first row and column in the
-            "A", "Gt", "M": (r, c)                parameter's 2-D view: grafting moment,
+        "rows_<a>_<b>_cols_<c>_<d>": {            a block by the rows and columns it covers in
+            "A", "Gt", "M": (r, c)                the parameter's 2-D view: grafting moment,
             "L", "Lbar", "L_fallbacks": (r, r), ()    gradient EMA, momentum (when kept),
             "R", "Rbar", "R_fallbacks": (c, c), ()},  factors, roots, failed refreshes
         "m", "v": the parameter's shape           AdamW moments of a vector
@@ -49,7 +49,7 @@ def param_entries(state: TensorDict) -> dict[str, dict]:
         p.name: {"shape": list(p.shape), "dtype": str(p.dtype).removeprefix("torch."), "step": state["step"]} for p in plan.params
     }
     for i, row, col, g, pos in shard.block_origins(plan):
-        entries[plan.params[i].name][_block_key(shard, i, row, col)] = _block_views(state, shard.local, g, pos)
+        entries[plan.params[i].name][_block_key(shard, i, row, col, g)] = _block_views(state, shard.local, g, pos)
     for i, p in enumerate(shard.local.params):
         if p.kind == ADAMW and "adamw" in state.keys():
             for name in ("m", "v"):
@@ -88,7 +88,7 @@ def load_param_entries(state: TensorDict, entries: Mapping, where: str = "load_s
     copies = [(new["step"], steps[first])]  # (destination in the new state, source), all checked before any copy
     for i, row, col, g, pos in shard.block_origins(plan):
         name = plan.params[i].name
-        key = _block_key(shard, i, row, col)
+        key = _block_key(shard, i, row, col, g)
         block = entries[name].get(key)
         if not isinstance(block, Mapping):
             raise ValueError(f"{where}: the checkpoint lacks block {key!r} of parameter {name!r} (saved with another block_size or fsdp_blocks?)")
@@ -134,9 +134,11 @@ def load_state_dict(state: TensorDict, saved: Mapping) -> TensorDict:
     return load_param_entries(state, saved["state"])
 
 
-def _block_key(shard, i: int, row: int, col: int) -> str:
+def _block_key(shard, i: int, row: int, col: int, g: int) -> str:
+    """A block by the rows and columns it covers (so another block size never reuses a key)."""
+    group = shard.local.groups[g]
     prefix = f"shard_{shard.rows[i][shard.rank][0]}_" if getattr(shard, "mode", "exact") == "local" else ""
-    return f"{prefix}block_{row}_{col}"
+    return f"{prefix}rows_{row}_{row + group.rows}_cols_{col}_{col + group.cols}"
 
 
 def _vector_key(shard, i: int, name: str) -> str:

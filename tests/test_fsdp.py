@@ -1,0 +1,212 @@
+"""FSDP2 row shards and DCP checkpoints that move between world sizes.
+
+The planner is tested here directly; the process tests spawn W gloo CPU processes running
+tests/fsdp_worker.py and compare every rank's shards with one process, bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import dash_fn
+import fsdp_worker
+from dash_fn.distributed.fsdp import local_shape, make_fsdp_shard, moved_elements, plan_bands, shard_rows
+from dash_fn.plan import make_plan
+
+WORKER = os.path.join(os.path.dirname(__file__), "fsdp_worker.py")
+SHAPES = [(30, 20), (2, 9), (5, 3, 2, 2), (1, 12, 4), (30,), (7,), (0, 4), (17, 1)]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 5])
+def test_shard_rows_follow_torch_chunk(world_size):
+    """Rank k's rows are where torch.chunk puts them (FSDP2's Shard(0) split), in view rows."""
+    for shape in SHAPES:
+        x = torch.arange(torch.Size(shape).numel()).reshape(shape)
+        pieces = list(torch.chunk(x, world_size)) if shape[0] else []
+        pieces += [x[:0]] * (world_size - len(pieces))
+        kind, (R, C) = dash_fn.plan.matrix_view(shape)
+        view = x.reshape(R, C) if x.numel() else None
+        for k, ((lo, hi), piece) in enumerate(zip(shard_rows(shape, world_size), pieces)):
+            assert local_shape(shape, world_size, k) == tuple(piece.shape), (shape, k)
+            if view is not None:
+                assert torch.equal(view[lo:hi].reshape(-1), piece.reshape(-1)), (shape, k)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 7])
+@pytest.mark.parametrize("block_size", [4, 8, 16])
+def test_every_block_is_owned_once_and_owned_rows_are_whole_bands(world_size, block_size):
+    specs = [(f"p{i}", s, torch.float32) for i, s in enumerate(SHAPES)]
+    plan = make_plan(specs, block_size, "shampoo")
+    shards = [make_fsdp_shard(plan, k, world_size, "g", "exact", "shampoo") for k in range(world_size)]
+    for i, p in enumerate(plan.params):
+        owned = sorted((row, col) for s in shards for j, row, col, _, _ in s.block_origins(plan) if j == i)
+        want = sorted((r.row_start + a * r.block_rows, r.col_start + b * r.block_cols) for r in p.regions for a in range(r.n_rows) for b in range(r.n_cols))
+        assert owned == want, p.name
+    for g, group in enumerate(plan.groups):  # the local stacks add up to the whole groups
+        assert sum(s.local.groups[g].count for s in shards) == group.count
+
+
+def test_a_straddling_band_goes_to_the_rank_holding_most_of_its_rows():
+    """30 rows over 2 ranks (15 each), blocks of 8: band [8, 16) has 7 rows on rank 0, 1 on
+    rank 1; band [24, 30) is rank 1's alone. Rank 1 sends its row 15 and gets its update back."""
+    plan = make_plan([("w", (30, 20), torch.float32)], 8, "adamw")
+    rows = tuple(shard_rows(p.shape, 2) for p in plan.params)
+    owned, loads = plan_bands(plan, rows, 2)
+    assert owned == (((0, 16), (16, 30)),)
+    assert moved_elements(plan, rows, owned) == 1 * 20
+    band = 2 * (8**3 + 8**3) + 8**3 + 4**3  # two (8, 8) blocks and an (8, 4) strip
+    last = 2 * (6**3 + 8**3) + 6**3 + 4**3  # the 6-row band
+    assert loads == [2 * band, band + last]
+    whole = tuple(shard_rows(p.shape, 1) for p in plan.params)
+    assert moved_elements(plan, whole, plan_bands(plan, whole, 1)[0]) == 0
+
+
+def test_band_owners_prefer_rows_over_load():
+    """Fewest rows moved first: rank 0 holds 6 of the second band's 8 rows and takes it,
+    though rank 1 carries no load; ties in rows go to the less-loaded rank."""
+    from dash_fn.distributed.ownership import band_owners
+
+    assert band_owners([((8, 0), 100), ((6, 2), 10)], 2) == ([0, 0], [110, 0])
+    assert band_owners([((4, 4), 10), ((4, 4), 10), ((0, 8), 5)], 2) == ([0, 1, 1], [10, 15])  # rank 1 starts with 5
+
+
+def test_ties_between_holders_go_to_the_least_loaded_rank():
+    """Rows 16 over 2 ranks at block 16: one band, 8 rows each: rank 0 (ties: lower rank);
+    a second such parameter then goes to rank 1, the less loaded."""
+    plan = make_plan([("a", (16, 16), torch.float32), ("b", (16, 16), torch.float32)], 16, "adamw")
+    rows = tuple(shard_rows(p.shape, 2) for p in plan.params)
+    owned, loads = plan_bands(plan, rows, 2)
+    assert owned == (((0, 16), (0, 0)), ((0, 0), (0, 16)))
+    assert loads == [2 * 16**3, 2 * 16**3]
+
+
+@pytest.fixture(scope="module")
+def one_rank_group(tmp_path_factory):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path_factory.mktemp('pg') / 'init'}", rank=0, world_size=1)
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+def test_one_rank_mesh_equals_one_process_bitwise(one_rank_group):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (1,))
+    for config in fsdp_worker.SCENARIOS.values():
+        single = fsdp_worker.run_functional(config)[0]
+        sharded = fsdp_worker.run_functional(config, mesh)[0]
+        for name in single:
+            assert type(sharded[name]).__name__ == "DTensor"
+            assert torch.equal(sharded[name].to_local(), single[name]), name
+
+
+def test_unsupported_placements_raise_type_errors(one_rank_group):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (1,))
+    config = dash_fn.DashConfig(block_size=4)
+    w = torch.randn(8, 6)
+    cases = [
+        ({"w": distribute_tensor(w, mesh, [Shard(1)])}, r"placements \(Shard\(dim=1\),\).*not tensor-parallel"),
+        ({"w": DTensor.from_local(w, mesh, [Partial()])}, r"placements \(Partial\(sum\),\)"),
+        ({"w": distribute_tensor(w, mesh, [Replicate()])}, r"placements \(Replicate\(\),\)"),
+        ({"w": distribute_tensor(w, init_device_mesh("cpu", (1, 1, 1)), [Replicate(), Replicate(), Shard(0)])}, "3-D DeviceMesh"),
+        ({"w": distribute_tensor(w, mesh, [Shard(0)]), "b": torch.zeros(3)}, r"mixes DTensors \('w'\) and plain tensors \('b'\)"),
+        ({"w": distribute_tensor(w, init_device_mesh("cpu", (1, 1)), [Shard(0), Replicate()])}, r"placements \(Shard\(dim=0\), Replicate\(\)\)"),
+    ]
+    for params, match in cases:
+        with pytest.raises(TypeError, match=match):
+            dash_fn.init(params, config)
+    with pytest.raises(TypeError, match="pass process_group=None"):
+        dash_fn.init({"w": distribute_tensor(w, mesh, [Shard(0)])}, config, process_group=one_rank_group)
+
+
+def launch(world_size: int, out, task: str, *args: str) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    init = out / f"init_{task}_{world_size}_{'_'.join(args)}"
+    procs = [
+        subprocess.Popen([sys.executable, WORKER, str(rank), str(world_size), str(init), str(out), task, *args], env=env, stderr=subprocess.PIPE, text=True)
+        for rank in range(world_size)
+    ]
+    errors = [proc.communicate(timeout=600)[1] for proc in procs]
+    for proc, error in zip(procs, errors):
+        assert proc.returncode == 0, error[-3000:]
+
+
+@pytest.fixture(scope="module", params=[2, 3])
+def ranks(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp(f"fsdp_w{request.param}")
+    launch(request.param, out, "equal")
+    return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(request.param)]
+
+
+@pytest.mark.parametrize("scenario", [*fsdp_worker.SCENARIOS, "compiled"])
+def test_every_rank_equals_one_process_bitwise(ranks, scenario):
+    """10 float32 steps on Shard(0) DTensors, uneven and empty shards, straddling bands."""
+    config = fsdp_worker.SCENARIOS.get(scenario, fsdp_worker.SCENARIOS["eigh"])
+    single = fsdp_worker.run_functional(config)[0]
+    for name, whole in single.items():
+        assert torch.equal(torch.cat([results[scenario][name] for results in ranks]), whole), name
+    if scenario != "compiled":
+        assert all(results[scenario + "_moved"] for results in ranks)  # rows did travel
+
+
+def test_compiled_adapter_under_fsdp2_equals_one_process(ranks):
+    """DASH(compile=...) on fully_shard parameters: the compiled one-process run, bitwise."""
+    reference = fsdp_worker.reference(compile={"backend": "aot_eager"})
+    for results in ranks:
+        for got, want in zip(results["compiled_adapter"], reference):
+            assert torch.equal(got, want)
+
+
+def test_local_blocks_are_each_shard_stepped_alone(ranks):
+    """fsdp_blocks="local" equals one process run on each rank's shard as a whole parameter,
+    and differs from the exact blocks (the price of no communication)."""
+    for results in ranks:
+        for name, want in results["local_oracle"].items():
+            assert torch.equal(results["local"][name], want), name
+    assert any(not torch.equal(results["local"]["w"], results["eigh"]["w"]) for results in ranks)
+
+
+def test_hsdp_mesh_equals_one_process_bitwise(tmp_path):
+    """(Replicate(), Shard(0)) on a 2 x 2 mesh of 4 processes."""
+    launch(4, tmp_path, "hsdp")
+    single = fsdp_worker.run_functional(fsdp_worker.SCENARIOS["eigh"])[0]
+    for rank in range(4):
+        got = torch.load(tmp_path / f"hsdp_rank{rank}.pt")
+        for name in single:
+            assert torch.equal(got[name], single[name]), (rank, name)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """DCP checkpoints after 5 steps, saved by 1, 2 and 3 ranks (functional, FSDP2, DDP)."""
+    out = tmp_path_factory.mktemp("dcp")
+    for world_size in (1, 2, 3):
+        launch(world_size, out, "save")
+    return out
+
+
+@pytest.mark.parametrize("saved, resumed", [(1, 2), (2, 3), (3, 1), (2, 1)])
+def test_checkpoint_resumes_at_another_world_size_bitwise(checkpoints, saved, resumed):
+    """Saved at W ranks, resumed at W': the next 5 steps equal an uninterrupted one-process run."""
+    launch(resumed, checkpoints, "resume", str(saved))
+    reference = fsdp_worker.reference()
+    functional = fsdp_worker.run_functional(fsdp_worker.FUNCTIONAL)[0]
+    for rank in range(resumed):
+        results = torch.load(checkpoints / f"resume_w{saved}_to_w{resumed}_rank{rank}.pt", weights_only=False)
+        for mode in ("fsdp", "ddp"):
+            for got, want in zip(results[mode], reference):
+                assert torch.equal(got, want), (mode, rank)
+        for name, want in functional.items():
+            assert torch.equal(results["functional"][name], want), name
+        # another block size: a ValueError naming the field on every rank, the state untouched
+        assert "block_size is 4 here but 8 in the checkpoint" in results["errors"][0]
+        assert results["errors"][1] == "unchanged: True"

@@ -42,11 +42,10 @@ class DASH(torch.optim.Optimizer):
 
     ``step(closure=None)`` runs :func:`dash_fn.step` once per group and writes the new values
     into the parameters. A parameter whose ``.grad`` is None is skipped: its value and every
-    slice of state it owns (its blocks' ``Gt``, ``A``, ``M``, its factors and roots ``F``,
-    ``Fbar``, its AdamW ``m``, ``v``) stay bitwise as they were. What the group shares still
+    slice of state it owns (its blocks' ``Gt``, ``A``, ``M``, its factors, roots and fallback
+    counters, its AdamW ``m``, ``v``) stay bitwise as they were. What the group shares still
     moves: its step counter (the group's bias corrections use it, so a parameter skipped for
-    k steps resumes at the group's t, not at its own count as in ``torch.optim``) and its
-    fallback counters (which also count the skipped blocks' discarded refreshes). The skip
+    k steps resumes at the group's t, not at its own count as in ``torch.optim``). The skip
     is exact but not free: the group steps with zero gradients for those parameters and then
     restores them, so keep frozen parameters out of the optimizer. A group whose gradients
     are all None is skipped entirely, counter included.
@@ -60,11 +59,15 @@ class DASH(torch.optim.Optimizer):
     ``process_group`` (a ``torch.distributed`` group, e.g. ``dist.group.WORLD`` under DDP)
     shards every group's state across its ranks (:mod:`dash_fn.distributed`): each rank
     keeps and refreshes its share of the blocks and the step gathers the directions. Every
-    rank must step with the same (all-reduced) gradients, as DDP provides.
+    rank must step with the same (all-reduced) gradients, as DDP provides. Parameters sharded
+    by FSDP2's ``fully_shard`` (DTensors) need no process group: each rank steps the blocks
+    of its row shards (:mod:`dash_fn.distributed.fsdp`; ``fsdp_blocks`` picks exact or
+    shard-local blocks).
 
     ``state_dict()`` / ``load_state_dict()`` use ``torch.optim``'s layout and load with
     ``torch.load(weights_only=True)``: see :meth:`state_dict`. With a process group each
-    rank's dict holds its share and loads on the same rank of a group of the same size.
+    rank's dict holds its share, and the dicts of W ranks load at any W' (each rank takes the
+    blocks it owns there): through ``torch.distributed.checkpoint``, see the README.
     """
 
     def __init__(self, params, lr: float | torch.Tensor = 1e-3, *, compile: bool | Mapping = False, process_group=None, **config_fields):
@@ -151,10 +154,12 @@ class DASH(torch.optim.Optimizer):
         """``torch.optim``'s layout: ``{"state": ..., "param_groups": [...]}``.
 
         ``param_groups`` holds each group's hyper-parameters (lr and the DashConfig fields) and
-        its parameters' indices, as in ``torch.optim``. One DASH state serves a whole group, so
-        ``state`` maps the index of each stepped group's first parameter to that group's state
-        as a checkpoint dict (:mod:`dash_fn.checkpoint`: primitives and tensors only, so
-        ``torch.load(weights_only=True)`` reads it). The tensors are the live state's, as in
+        its parameters' indices, as in ``torch.optim``. ``state`` maps each parameter's index
+        to its share of its group's state, keyed by the global coordinates of its blocks
+        (:mod:`dash_fn.distributed.dcp`): the same keys at every world size, so that
+        ``torch.distributed.checkpoint`` (``get_state_dict`` / ``set_state_dict``) saves it at
+        W ranks and loads it at W'. Primitives and tensors only, so
+        ``torch.load(weights_only=True)`` reads it. The tensors are the live state's, as in
         ``torch.optim``: save the dict before the next step.
         """
         for hook in self._optimizer_state_dict_pre_hooks.values():

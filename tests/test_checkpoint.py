@@ -133,6 +133,24 @@ def test_loaded_state_shares_no_memory_with_the_source():
     assert_unchanged(opt, before)
 
 
+def test_adapter_state_dict_of_dash_fn_0_1_still_loads():
+    """dash_fn 0.1 kept one checkpoint dict per group, under its first parameter's index."""
+    from dash_fn.checkpoint import state_to_dict
+
+    params = parameters()
+    opt, scheduler = make_optimizer(params, solver="eigh")
+    train(params, opt, scheduler, range(1, 3))
+    new_format = opt.state_dict()
+    old_format = {"state": {0: state_to_dict(dash_states(opt)[0]), 3: state_to_dict(dash_states(opt)[1])}, "param_groups": new_format["param_groups"]}
+    loaded = []
+    for state_dict in (new_format, old_format):
+        other, _ = make_optimizer(parameters({k: p.detach() for k, p in params.items()}), solver="eigh")
+        other.load_state_dict(state_dict)
+        loaded.append(dash_states(other))
+    for old, new in zip(*loaded):
+        assert_equal_states(old, new)
+
+
 @pytest.fixture
 def stepped():
     """Parameters, an optimizer of them after two steps, and the state dict of a longer run."""
@@ -252,3 +270,22 @@ def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         dash_fn.save_state(path, state)
     assert path.read_bytes() == good and list(tmp_path.iterdir()) == [path]
+
+
+def test_version_1_files_with_per_stack_fallback_counts_still_load(tmp_path):
+    """Version 1 counted fallbacks per factor stack (0-d); the count goes to the first factor."""
+    from dash_fn.checkpoint import _checksum
+
+    params = model_values()
+    state = dash_fn.init(params, dash_fn.DashConfig(block_size=16, solver="eigh"))
+    state["factors", "0", "fallbacks"][1] = 3
+    dash_fn.save_state(tmp_path / "v2.pt", state)
+    blob = torch.load(tmp_path / "v2.pt", weights_only=True)
+    blob["version"] = 1
+    for key in [k for k in blob["tensors"] if k.endswith("fallbacks")]:
+        blob["tensors"][key] = blob["tensors"][key].sum()
+    blob["checksum"] = _checksum(blob)
+    torch.save(blob, tmp_path / "v1.pt")
+    loaded = dash_fn.load_state(tmp_path / "v1.pt", params=params)
+    counts = loaded["factors", "0", "fallbacks"]
+    assert counts.shape == state["factors", "0", "fallbacks"].shape and int(counts[0]) == 3 and int(counts.sum()) == 3

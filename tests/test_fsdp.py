@@ -210,3 +210,67 @@ def test_checkpoint_resumes_at_another_world_size_bitwise(checkpoints, saved, re
         # another block size: a ValueError naming the field on every rank, the state untouched
         assert "block_size is 4 here but 8 in the checkpoint" in results["errors"][0]
         assert results["errors"][1] == "unchanged: True"
+
+
+def _stepped_state(config, steps=4):
+    params = fsdp_worker.full_params()
+    state = dash_fn.init(params, config)
+    for t in range(1, steps + 1):
+        params, state = dash_fn.step(params, fsdp_worker.random_grads(params, t), state, lr=1e-2)
+    return params, state
+
+
+@pytest.mark.parametrize("sharding, world_size", [("replicated", 2), ("replicated", 3), ("fsdp", 2), ("fsdp", 3)])
+def test_state_dict_moves_to_any_rank_of_any_world_size(sharding, world_size):
+    """A one-process state dict loaded as each rank's share: every block the rank holds, and
+    its AdamW rows, carry the one-process values (no process group is needed to lay it out)."""
+    from dash_fn.distributed.dcp import _block_views
+    from dash_fn.plan import ADAMW
+    from dash_fn.state import make_state
+
+    config = dash_fn.DashConfig(block_size=8, solver="eigh", mu=0.5, one_dim="adamw")
+    params, state = _stepped_state(config)
+    saved = dash_fn.state_dict(state)
+    specs = [(n, tuple(x.shape), x.dtype) for n, x in params.items()]
+    held = 0
+    for rank in range(world_size):
+        template = make_state(specs, config, torch.device("cpu"), rank, world_size, "g", sharding=sharding)
+        loaded = dash_fn.load_state_dict(template, saved)
+        shard, plan = loaded["shard"], loaded["plan"]
+        for i, row, col, g, pos in shard.block_origins(plan):
+            group = shard.local.groups[g]
+            entry = saved["state"][plan.params[i].name][f"rows_{row}_{row + group.rows}_cols_{col}_{col + group.cols}"]
+            for field, x in _block_views(loaded, shard.local, g, pos).items():
+                assert torch.equal(x, entry[field]), (rank, i, row, col, field)
+            held += 1
+        for i, p in enumerate(shard.local.params):
+            if p.kind == ADAMW:
+                lo, hi = shard.rows[i][rank] if sharding == "fsdp" else (0, p.numel)
+                for field in ("m", "v"):
+                    got = loaded["adamw", field][p.flat_offset : p.flat_offset + p.numel]
+                    assert torch.equal(got, saved["state"][p.name][field].reshape(-1)[lo:hi]), (rank, p.name, field)
+        assert int(loaded["step"]) == 4
+    assert held == sum(1 for entry in saved["state"].values() for key in entry if key.startswith("rows_"))
+
+
+def test_functional_load_state_dict_names_the_differing_field_and_changes_nothing():
+    config = dash_fn.DashConfig(block_size=8, solver="eigh")
+    _, state = _stepped_state(config)
+    saved = dash_fn.state_dict(state)
+    other = dash_fn.init(fsdp_worker.full_params(), config.replace(beta_LR=0.9))
+    before = {k: v.clone() for k, v in other.exclude("config", "plan", "shard").items(include_nested=True, leaves_only=True)}
+    with pytest.raises(ValueError, match=r"config.beta_LR is 0.9 here but 0.95 in the checkpoint"):
+        dash_fn.load_state_dict(other, saved)
+    for k, v in other.exclude("config", "plan", "shard").items(include_nested=True, leaves_only=True):
+        assert torch.equal(v, before[k]), k
+    with pytest.raises(ValueError, match="expected the dict of dash_fn.state_dict"):
+        dash_fn.load_state_dict(other, {"state": {}})
+
+
+def test_fsdp_states_are_not_single_files():
+    from dash_fn.state import make_state
+
+    specs = [(n, tuple(x.shape), x.dtype) for n, x in fsdp_worker.full_params().items()]
+    state = make_state(specs, dash_fn.DashConfig(block_size=8), torch.device("cpu"), 0, 2, "g", sharding="fsdp")
+    with pytest.raises(TypeError, match="torch.distributed.checkpoint through dash_fn.state_dict"):
+        dash_fn.save_state(os.devnull, state)

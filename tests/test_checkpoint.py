@@ -241,7 +241,7 @@ def test_damaged_or_foreign_files_raise_clear_errors(tmp_path):
     blob = torch.load(good, weights_only=True)
     for change, match in [
         ({"format": "other"}, "not a dash_fn state"),
-        ({"version": 99}, "version 99; this dash_fn reads versions \(1, 2\)"),
+        ({"version": 99}, r"version 99; this dash_fn reads versions \(1, 2\)"),
         ({"checksum": None}, "checksum does not match"),
     ]:
         torch.save({**blob, **change}, tmp_path / "changed.pt")

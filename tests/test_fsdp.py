@@ -274,3 +274,18 @@ def test_fsdp_states_are_not_single_files():
     state = make_state(specs, dash_fn.DashConfig(block_size=8), torch.device("cpu"), 0, 2, "g", sharding="fsdp")
     with pytest.raises(TypeError, match="torch.distributed.checkpoint through dash_fn.state_dict"):
         dash_fn.save_state(os.devnull, state)
+
+
+def test_get_state_dict_of_a_fresh_optimizer_keeps_the_parameters():
+    """DCP's get_state_dict steps a fresh optimizer once with zero grads and lr 0: no bit moves,
+    and the state comes back under the parameters' names."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 3))
+    before = [p.detach().clone() for p in net.parameters()]
+    opt = dash_fn.DASH(net.parameters(), lr=0.1, block_size=4, solver="eigh", weight_decay=0.1, weight_decay_1d=0.1)
+    _, optim_sd = get_state_dict(net, opt)
+    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters()))
+    assert sorted(optim_sd["state"]) == ["0.bias", "0.weight", "1.bias", "1.weight"]
+    assert "rows_4_5_cols_4_6" in optim_sd["state"]["0.weight"] and optim_sd["state"]["0.bias"]["m"].shape == (5,)

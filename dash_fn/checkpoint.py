@@ -63,7 +63,7 @@ def state_to_dict(state: TensorDict) -> dict:
         "format": FORMAT,
         "version": VERSION,
         "config": dataclasses.asdict(state["config"]),
-        "params": [[p.name, list(p.shape), _dtype_name(p.dtype)] for p in state["plan"].params],
+        "params": [[p.name, list(p.shape), _dtype_name(p.dtype)] + ([p.batch_dims] if p.batch_dims else []) for p in state["plan"].params],
         "tensors": {_join(key): x for key, x in stored.items(include_nested=True, leaves_only=True)},
     }
     shard = state["shard"]
@@ -113,12 +113,12 @@ def _state_from_dict(blob, device, params, config, copy: bool, where: str, place
     device = torch.device("cpu" if device is None else device)
     _check_placement(blob, placement, where)
     saved_config = read_config(blob, where)
-    saved_params = _read_params(blob.get("params"), where)
+    saved_params, batch_dims = _read_params(blob.get("params"), where)
     if params is not None:
         _check_params(saved_params, params, where)
     if config is not None:
         _check_config(saved_config, config, where)
-    template = _template(saved_params, saved_config, device, placement)
+    template = _template(saved_params, saved_config, device, placement, batch_dims)
     tensors = _check_tensors(_per_factor_fallbacks(blob, template), template, where)
     state = TensorDict({}, batch_size=[], device=device)
     for key, spec in template.items(include_nested=True, leaves_only=True):
@@ -241,19 +241,23 @@ def _checksum(blob: Mapping, where: str = "checkpoint") -> int:
     return crc
 
 
-def _read_params(entries, where: str) -> list[ParamSpec]:
-    """(name, shape, dtype) of the checkpoint's parameters, checked for form."""
+def _read_params(entries, where: str) -> tuple[list[ParamSpec], dict[str, int]]:
+    """(name, shape, dtype) of the checkpoint's parameters, checked for form, and their
+    declared batch dims (an optional fourth item)."""
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"{where}: 'params' must be a non-empty list of [name, shape, dtype]")
-    specs = []
+    specs, batch_dims = [], {}
     for entry in entries:
-        ok = isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
+        ok = isinstance(entry, list) and len(entry) in (3, 4) and isinstance(entry[0], str)
         ok = ok and isinstance(entry[1], list) and all(isinstance(d, int) and d >= 0 for d in entry[1])
+        ok = ok and (len(entry) == 3 or (isinstance(entry[3], int) and 0 < entry[3] < len(entry[1])))
         dtype = getattr(torch, entry[2], None) if ok and isinstance(entry[2], str) else None
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise ValueError(f"{where}: bad parameter entry {entry!r}; expected [name, shape, floating dtype name]")
+            raise ValueError(f"{where}: bad parameter entry {entry!r}; expected [name, shape, floating dtype name(, batch dims)]")
         specs.append((entry[0], tuple(entry[1]), dtype))
-    return specs
+        if len(entry) == 4:
+            batch_dims[entry[0]] = entry[3]
+    return specs, batch_dims
 
 
 def _check_params(saved: Sequence[ParamSpec], expected: Sequence[ParamSpec], where: str) -> None:
@@ -294,13 +298,13 @@ def _check_placement(blob, placement: Placement, where: str) -> None:
         )
 
 
-def _template(params: Sequence[ParamSpec], config: DashConfig, device: torch.device, placement: Placement) -> TensorDict:
+def _template(params: Sequence[ParamSpec], config: DashConfig, device: torch.device, placement: Placement, batch_dims) -> TensorDict:
     """The state ``init`` would make, on the meta device (no memory): keys, shapes, dtypes, plan.
 
     ``auto`` is resolved for the target device first, as it decides whether start vectors exist.
     """
     layout_config = config.replace(solver=resolve_solver(config, device))
-    return make_state(list(params), layout_config, torch.device("meta"), *placement)
+    return make_state(list(params), layout_config, torch.device("meta"), *placement, batch_dims=batch_dims)
 
 
 def _check_tensors(tensors, template: TensorDict, where: str) -> dict:

@@ -33,10 +33,10 @@ class DashConfig:
     """
 
     block_size: int = 1024
-    solver: str = "ndb"
+    solver: str = "auto"
     scaling: str = "pim"
     newton_steps: int = 10
-    inv_root_freq: int = 1
+    inv_root_freq: int = 10
     start_prec_step: float = 1  # an int >= 1, or math.inf for "never precondition"
     eps: float = 1e-10
     eigh_heuristic: str = "shampoo"
@@ -62,7 +62,7 @@ class DashConfig:
     mu: float = 0.0
     nesterov: bool = True
     weight_decay: float = 0.0
-    weight_decay_1d: float = 0.0
+    weight_decay_1d: float | None = None  # None: vectors decay with weight_decay, as in torch.optim
     one_dim: str = "adamw"
     adamw_beta1: float = 0.9
     adamw_beta2: float = 0.95
@@ -90,8 +90,10 @@ class DashConfig:
         _check_choice(self, "scaling_dtype", ("float32", "float64"))
         _check_choice(self, "comm_dtype", (None, "bfloat16"))
         _check_choice(self, "fsdp_blocks", ("exact", "local"))
-        for name in ("eps", "eps_power_iter", "weight_decay", "weight_decay_1d", "mu"):
+        for name in ("eps", "eps_power_iter", "weight_decay", "mu"):
             _check_float(self, name, 0.0, math.inf, "[0, inf)")
+        if self.weight_decay_1d is not None:
+            _check_float(self, "weight_decay_1d", 0.0, math.inf, "[0, inf) or None")
         for name in ("cn_tol", "ndb_tol", "cheb_eps", "scaling_const", "eps_graft", "adamw_eps"):
             _check_float(self, name, 0.0, math.inf, "(0, inf)", low_open=True)
         for name in ("beta_G", "beta_graft", "adamw_beta1", "adamw_beta2"):
@@ -106,6 +108,17 @@ class DashConfig:
     def replace(self, **changes) -> "DashConfig":
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
+
+    @property
+    def vector_decay(self) -> float:
+        """The decoupled weight decay of vectors: ``weight_decay_1d``, or ``weight_decay`` when None."""
+        return self.weight_decay if self.weight_decay_1d is None else self.weight_decay_1d
+
+    @classmethod
+    def paper(cls, **changes) -> "DashConfig":
+        """The DASH paper's recommended setting: NDB with power-iteration scaling, roots
+        refreshed every step, eps 0, vectors under one-sided Shampoo (then ``changes``)."""
+        return cls(**{"solver": "ndb", "scaling": "pim", "inv_root_freq": 1, "eps": 0.0, "one_dim": "shampoo", **changes})
 
 
 def _is_int(value) -> bool:

@@ -3,7 +3,9 @@
 One functional state per param group. A group's hyper-parameters live in its dict, as in
 ``torch.optim`` (``lr`` plus every :class:`DashConfig` field), so schedulers, per-group
 settings and ``state_dict()["param_groups"]`` work unchanged; each step rebuilds the group's
-DashConfig from its dict. Parameters are named by their index in the group ("0", "1", ...).
+DashConfig from its dict. Parameters are named as ``model.named_parameters()`` names them
+when the optimizer is given names (as ``torch.optim`` accepts), else by their index in the
+group ("0", "1", ...); errors use those names.
 
 The state of a group lives in ``optimizer.state[first parameter of the group]`` as
 ``{"dash": TensorDict, "step": int}``; ``step`` mirrors the state's device counter on the host,
@@ -23,13 +25,17 @@ from numbers import Real
 import torch
 
 from .checkpoint import CONFIG_FIELDS, check_layout, read_config, state_from_dict, with_config
-from .distributed.dcp import load_param_entries, param_entries
 from .config import DashConfig
 from .distributed import process_group_info
+from .distributed.dcp import load_param_entries, param_entries
 from .plan import ADAMW
 from .state import init
 from .step import is_refresh_step
 from .step import step as functional_step
+
+
+# what a param group may hold: torch.optim's keys, the lr, the DashConfig fields, batch dims
+GROUP_KEYS = ("params", "param_names", "lr", "batch_dims", *CONFIG_FIELDS)
 
 
 class DASH(torch.optim.Optimizer):
@@ -84,11 +90,27 @@ class DASH(torch.optim.Optimizer):
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict) -> None:
-        """Add a group; its lr and config are checked before it is added (a bad one is not)."""
+        """Add a group; its keys, lr, config and batch dims are checked before it is added (a
+        bad one is not). Keys: ``params``, ``lr``, any DashConfig field, and ``batch_dims``
+        (an int: the leading dims of each of the group's parameters that index independent
+        matrices, e.g. 1 for mixture-of-experts weights (E, m, n); see :func:`dash_fn.init`)."""
+        if not isinstance(param_group, Mapping):
+            raise TypeError(f"param group must be a dict, got {type(param_group).__name__}")
+        unknown = sorted(set(param_group) - set(GROUP_KEYS))
+        if unknown:
+            raise TypeError(f"param group has unknown key {unknown[0]!r}; the keys DASH knows are {GROUP_KEYS}")
         merged = {**self.defaults, **param_group}
         _check_lr(merged["lr"], "param group")
         group_config(merged, "param group")
+        k = param_group.get("batch_dims", 0)
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+            raise ValueError(f"param group: batch_dims must be an integer >= 0, got {k!r}")
         super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        for name, p in zip(_names(group), group["params"]):
+            if k and k >= p.ndim:
+                self.param_groups.pop()
+                raise ValueError(f"param group: batch_dims={k} leaves no matrix in parameter {name!r} of shape {tuple(p.shape)}")
 
     def __getstate__(self) -> dict:
         return {**super().__getstate__(), "_compile": self._compile, "_process_group": self._process_group}
@@ -119,11 +141,11 @@ class DASH(torch.optim.Optimizer):
         config = group_config(group, where)
         lr = group["lr"]
         _check_lr(lr, where)
-        names = [str(i) for i in range(len(params))]
+        names = _names(group)
         values = {n: p.detach() for n, p in zip(names, params)}
         entry = self.state.get(params[0])
         if not entry:  # never stepped (an empty dict is what a defaultdict look-up leaves)
-            state, t = init(values, config, self._process_group), 0
+            state, t = init(values, config, self._process_group, _batch_dims(group)), 0
         else:
             state, t = entry["dash"], entry["step"]
             if state["config"] != config:
@@ -170,8 +192,9 @@ class DASH(torch.optim.Optimizer):
             groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": list(range(start, start + len(params)))})
             entry = self.state.get(params[0]) if params else None
             if entry:
-                for name, value in param_entries(entry["dash"]).items():
-                    state[start + int(name)] = value
+                entries = param_entries(entry["dash"])
+                for i, name in enumerate(_names(group)):
+                    state[start + i] = entries[name]
             start += len(params)
         state_dict = {"state": state, "param_groups": groups}
         for hook in self._optimizer_state_dict_post_hooks.values():
@@ -200,10 +223,11 @@ class DASH(torch.optim.Optimizer):
         for hook in self._optimizer_load_state_dict_post_hooks.values():
             hook(self)
 
-    def _restored_state(self, params: list, config: DashConfig, found: list, where: str) -> dict:
+    def _restored_state(self, group: dict, config: DashConfig, found: list, where: str) -> dict:
         """One group's state entry from its parameters' saved entries (or, as written by
         dash_fn 0.1, one checkpoint dict for the whole group)."""
-        values = {str(i): p.detach() for i, p in enumerate(params)}
+        params = group["params"]
+        values = {n: p.detach() for n, p in zip(_names(group), params)}
         if len(found) == 1 and isinstance(found[0], Mapping) and "format" in found[0]:
             blob = found[0]
             check_layout(read_config(blob, where), config, where, found_in="the checkpoint's state")
@@ -212,7 +236,7 @@ class DASH(torch.optim.Optimizer):
         else:
             if len(found) != len(params):
                 raise ValueError(f"{where}: the checkpoint has state for {len(found)} of its {len(params)} parameters")
-            state = load_param_entries(init(values, config, self._process_group), dict(zip(values, found)), where)
+            state = load_param_entries(init(values, config, self._process_group, _batch_dims(group)), dict(zip(values, found)), where)
         return {"dash": state, "step": int(state["step"])}
 
     def _restored(self, state_dict) -> tuple[list[dict], dict]:
@@ -236,7 +260,7 @@ class DASH(torch.optim.Optimizer):
             check_layout(config, group_config(group, where), where)
             found = [saved_state.pop(key) for key in saved.get("params", ()) if key in saved_state]
             if found:
-                entries[params[0]] = self._restored_state(params, config, found, where)
+                entries[params[0]] = self._restored_state(new_group, config, found, where)
             groups.append(new_group)
         if saved_state:
             raise ValueError(f"load_state_dict: the checkpoint has state under key {next(iter(saved_state))!r}, which names no parameter of this optimizer (a state dict of another optimizer?)")
@@ -269,6 +293,19 @@ def owned_slices(state, names: set[str]) -> list[torch.Tensor]:
         if p.kind == ADAMW and p.numel:
             views += [x[p.flat_offset : p.flat_offset + p.numel] for x in state["adamw"].values()]
     return views
+
+
+def _names(group: Mapping) -> list[str]:
+    """The group's parameter names: from ``named_parameters()`` when given, else their indices."""
+    names = group.get("param_names")
+    if names and len(set(names)) == len(group["params"]):
+        return list(names)
+    return [str(i) for i in range(len(group["params"]))]
+
+
+def _batch_dims(group: Mapping) -> dict[str, int]:
+    k = group.get("batch_dims", 0)
+    return {name: k for name in _names(group)} if k else {}
 
 
 def _grads_of(names: list[str], params: list[torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -18,7 +18,7 @@ torch.compile. ``gather`` and ``scatter`` are exact inverses (only views, slices
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 
@@ -54,6 +54,7 @@ class ParamPlan:
     view: tuple[int, int]  # (R, C); vectors are (n, 1)
     regions: tuple[Region, ...]
     flat_offset: int  # start in the flat AdamW buffers (kind ADAMW only)
+    batch_dims: int = 0  # leading dims that index independent matrices (experts, heads)
 
     @property
     def numel(self) -> int:
@@ -128,32 +129,54 @@ def _parts(length: int, block_size: int) -> list[tuple[int, int, int]]:
     return parts
 
 
-def make_plan(shapes: Sequence[tuple[str, tuple[int, ...], torch.dtype]], block_size: int, one_dim: str) -> Plan:
-    """Build the plan for parameters given as (name, shape, dtype) in canonical order."""
+def batched_view(shape: Sequence[int], batch_dims: int) -> tuple[str, tuple[int, int], int]:
+    """Kind, 2-D view and number of matrices of a parameter whose ``batch_dims`` leading dims
+    index independent matrices: E matrices of view (R, C) are one (E R, C) view whose row
+    bands [e R, (e + 1) R) are blocked apart (ALGORITHM 2.1 for each)."""
+    if not 0 <= batch_dims < max(len(shape), 1):
+        raise ValueError(f"batch_dims must be in [0, {max(len(shape) - 1, 0)}] for a parameter of shape {tuple(shape)}, got {batch_dims}")
+    count = 1
+    for d in shape[:batch_dims]:
+        count *= d
+    kind, (R, C) = matrix_view(shape[batch_dims:])
+    if count == 0:
+        return EMPTY, (0, 1), 0
+    return kind, (count * R, C), count
+
+
+def make_plan(
+    shapes: Sequence[tuple[str, tuple[int, ...], torch.dtype]], block_size: int, one_dim: str, batch_dims: Mapping[str, int] | None = None
+) -> Plan:
+    """Build the plan for parameters given as (name, shape, dtype) in canonical order;
+    ``batch_dims[name] = k`` makes a parameter's leading k dims index independent matrices."""
+    batch_dims = batch_dims or {}
     group_index: dict[tuple[int, int, bool], int] = {}
     group_counts: list[int] = []
     group_keys: list[tuple[int, int, bool]] = []
     params = []
     adamw_numel = 0
     for name, shape, dtype in shapes:
-        kind, (R, C) = matrix_view(shape)
+        k = batch_dims.get(name, 0)
+        kind, (R, C), count = batched_view(shape, k)
         if kind == "vector":
             kind = SEGMENTS if one_dim == "shampoo" else ADAMW
         regions = []
         if kind in (MATRIX, SEGMENTS):
             one_sided = kind == SEGMENTS
+            rows = R // count  # of each matrix
             col_parts = [(0, 1, 1)] if one_sided else _parts(C, block_size)
-            for row_start, n_rows, block_rows in _parts(R, block_size):
-                for col_start, n_cols, block_cols in col_parts:
-                    key = (block_rows, block_cols, one_sided)
-                    if key not in group_index:
-                        group_index[key] = len(group_keys)
-                        group_keys.append(key)
-                        group_counts.append(0)
-                    g = group_index[key]
-                    regions.append(Region(row_start, n_rows, block_rows, col_start, n_cols, block_cols, g, group_counts[g]))
-                    group_counts[g] += n_rows * n_cols
-        params.append(ParamPlan(name, tuple(shape), dtype, kind, (R, C), tuple(regions), adamw_numel))
+            for first_row in range(0, R, rows):
+                for row_start, n_rows, block_rows in _parts(rows, block_size):
+                    for col_start, n_cols, block_cols in col_parts:
+                        key = (block_rows, block_cols, one_sided)
+                        if key not in group_index:
+                            group_index[key] = len(group_keys)
+                            group_keys.append(key)
+                            group_counts.append(0)
+                        g = group_index[key]
+                        regions.append(Region(first_row + row_start, n_rows, block_rows, col_start, n_cols, block_cols, g, group_counts[g]))
+                        group_counts[g] += n_rows * n_cols
+        params.append(ParamPlan(name, tuple(shape), dtype, kind, (R, C), tuple(regions), adamw_numel, k))
         if kind == ADAMW:
             adamw_numel += R
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import warnings
+from collections.abc import Mapping
 
 import torch
 from tensordict import TensorDict
@@ -15,8 +17,15 @@ from .plan import Plan, make_plan
 from .roots import resolve_solver, start_vectors, uses_start_vectors
 
 
-def init(params, config: DashConfig = DashConfig(), process_group=None) -> TensorDict:
+def init(params, config: DashConfig = DashConfig(), process_group=None, batch_dims: Mapping[str, int] | None = None) -> TensorDict:
     """Create the DASH state for ``params`` (a Mapping[str, Tensor] or a TensorDict).
+
+    ``batch_dims={name: k}`` declares that the leading k dims of a parameter index independent
+    matrices (mixture-of-experts weights, attention heads): an (E, m, n) parameter declared
+    with k = 1 is E matrices of (m, n), each with its own blocks and factors, in the same
+    stacks as every other block of its shape (the update is bitwise that of E separate
+    parameters). Undeclared parameters of more than 2 dims are viewed as (first dim, rest)
+    and get a warning saying so, except conv kernels (every dim after the second <= 11).
 
     With a ``torch.distributed`` ``process_group`` of W ranks, the state holds only this
     rank's share of the blocks (:mod:`dash_fn.distributed`) and :func:`dash_fn.step` gathers
@@ -51,10 +60,12 @@ def init(params, config: DashConfig = DashConfig(), process_group=None) -> Tenso
         raise ValueError("init: params names a parameter twice")
     mesh = check_dtensors(names, tensors)
     specs = [(n, tuple(x.shape), x.dtype) for n, x in zip(names, tensors)]
+    batch_dims = check_batch_dims(batch_dims, specs)
+    _warn_about_mixed_precision(specs)
     if mesh is None:
         device = tensors[0].device
         _warn_about_precision(config, device)
-        return make_state(specs, config, device, *process_group_info(process_group))
+        return make_state(specs, config, device, *process_group_info(process_group), batch_dims=batch_dims)
     if process_group is not None:
         raise TypeError("init: params are FSDP2 DTensors, whose DeviceMesh names the ranks; pass process_group=None")
     mesh, dim = mesh
@@ -67,21 +78,52 @@ def init(params, config: DashConfig = DashConfig(), process_group=None) -> Tenso
             )
     device = tensors[0].to_local().device
     _warn_about_precision(config, device)
-    return make_state(specs, config, device, rank, world_size, mesh.get_group(dim).group_name, sharding="fsdp")
+    return make_state(specs, config, device, rank, world_size, mesh.get_group(dim).group_name, sharding="fsdp", batch_dims=batch_dims)
 
 
 def make_state(
-    specs, config: DashConfig, device: torch.device, rank: int = 0, world_size: int = 1, group_name: str | None = None, sharding: str = "replicated"
+    specs,
+    config: DashConfig,
+    device: torch.device,
+    rank: int = 0,
+    world_size: int = 1,
+    group_name: str | None = None,
+    sharding: str = "replicated",
+    batch_dims: Mapping[str, int] | None = None,
 ) -> TensorDict:
     """The initial state for parameters given as (name, shape, dtype), for one rank of W whose
     parameters are whole (``sharding="replicated"``) or FSDP2 row shards (``"fsdp"``)."""
-    plan = make_plan(specs, config.block_size, config.one_dim)
+    plan = make_plan(specs, config.block_size, config.one_dim, batch_dims)
     if sharding == "fsdp":
         shard = make_fsdp_shard(plan, rank, world_size, group_name, config.fsdp_blocks, config.one_dim)
     else:
         shard = make_shard(plan, rank, world_size, group_name)
     state = TensorDict(_layout(shard.local, config, device), batch_size=[], device=device)
     return state.set_non_tensor("config", config).set_non_tensor("plan", plan).set_non_tensor("shard", shard)
+
+
+def check_batch_dims(batch_dims: Mapping[str, int] | None, specs) -> dict[str, int]:
+    """The declared batch dims, checked against the parameters; one warning per undeclared
+    parameter of more than 2 dims that is not recognisably a conv kernel."""
+    if batch_dims is not None and not isinstance(batch_dims, Mapping):
+        raise TypeError(f"init: batch_dims must map parameter names to integers, got {type(batch_dims).__name__}")
+    batch_dims = dict(batch_dims or {})
+    shapes = {name: shape for name, shape, _ in specs}
+    for name, k in batch_dims.items():
+        if name not in shapes:
+            raise ValueError(f"init: batch_dims names {name!r}, which is not a parameter (parameters: {sorted(shapes)[:8]}...)")
+        if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k < max(len(shapes[name]), 1):
+            raise ValueError(f"init: batch_dims[{name!r}] must be an integer in [0, {max(len(shapes[name]) - 1, 0)}] for shape {shapes[name]}, got {k!r}")
+    for name, shape, _ in specs:
+        squeezed = [d for d in shape if d != 1]
+        if name not in batch_dims and len(squeezed) > 2 and not all(d <= 11 for d in squeezed[2:]):
+            warnings.warn(
+                f"parameter {name!r} of shape {tuple(shape)} is viewed as one ({squeezed[0]}, {math.prod(squeezed[1:])}) matrix; "
+                f"if its leading dims index independent matrices (experts, heads), declare them: batch_dims={{{name!r}: 1}} "
+                "(a param-group key of dash_fn.DASH), so that each gets its own factors",
+                stacklevel=3,
+            )
+    return batch_dims
 
 
 def _layout(plan: Plan, config: DashConfig, device: torch.device) -> dict:
@@ -112,6 +154,19 @@ def _layout(plan: Plan, config: DashConfig, device: torch.device) -> dict:
     if plan.adamw_numel:
         layout["adamw"] = {"m": zeros(plan.adamw_numel), "v": zeros(plan.adamw_numel)}
     return layout
+
+
+def _warn_about_mixed_precision(specs) -> None:
+    """One state dtype serves all parameters (their blocks share stacks): float64 if any is."""
+    wide = [name for name, _, dtype in specs if dtype == torch.float64]
+    if wide and len(wide) < len(specs):
+        narrow = next(name for name, _, dtype in specs if dtype != torch.float64)
+        warnings.warn(
+            f"params mix float64 ({wide[0]!r}) with lower precision ({narrow!r}): blocks of one shape share a stack, "
+            "so the whole state is kept in float64; give the float64 parameters their own state (or param group) "
+            "to keep the others' state in float32",
+            stacklevel=3,
+        )
 
 
 def _warn_about_precision(config: DashConfig, device: torch.device) -> None:

@@ -207,9 +207,9 @@ def _update_params(plan: Plan, config: DashConfig, state: TensorDict, params, gr
             out.append(W)
             continue
         if p.kind == ADAMW:
-            update, decay = adamw_dirs[p.flat_offset : p.flat_offset + p.numel].reshape(p.shape), config.weight_decay_1d
+            update, decay = adamw_dirs[p.flat_offset : p.flat_offset + p.numel].reshape(p.shape), config.vector_decay
         else:
-            decay = config.weight_decay_1d if p.kind == SEGMENTS else config.weight_decay
+            decay = config.vector_decay if p.kind == SEGMENTS else config.weight_decay
         X = W.to(plan.dtype)
         if decay:
             X = X * (1 - lr * decay)

@@ -21,6 +21,7 @@ class LlamaConfig:
     n_heads: int = 4
     mlp_hidden: int = 344  # SwiGLU width, about 8/3 of d_model
     context: int = 128
+    experts: int = 0  # > 0: a mixture-of-experts feed-forward of this many SwiGLU experts
 
 
 class RMSNorm(nn.Module):
@@ -46,6 +47,28 @@ def apply_rotary(x, cos, sin):
     return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
 
 
+class Experts(nn.Module):
+    """E SwiGLU experts of width ``mlp_hidden // E``, mixed by a softmax router (every token
+    goes to every expert, weighted). The experts' weights are stacked: ``w_gate_up`` is
+    (E, d_model, 2 h) and ``w_down`` (E, h, d_model), the batched form to declare to DASH with
+    ``batch_dims=1`` so that each expert is preconditioned on its own."""
+
+    def __init__(self, c: LlamaConfig):
+        super().__init__()
+        hidden = c.mlp_hidden // c.experts
+        self.router = nn.Linear(c.d_model, c.experts, bias=False)
+        self.w_gate_up = nn.Parameter(torch.empty(c.experts, c.d_model, 2 * hidden))
+        self.w_down = nn.Parameter(torch.empty(c.experts, hidden, c.d_model))
+        for w in (self.w_gate_up, self.w_down):
+            nn.init.normal_(w, std=0.02)
+
+    def forward(self, x):
+        weights = F.softmax(self.router(x), dim=-1)  # (B, T, E)
+        gate, up = torch.einsum("btd,edh->bteh", x, self.w_gate_up).chunk(2, dim=-1)
+        y = torch.einsum("bteh,ehd->bted", F.silu(gate) * up, self.w_down)
+        return torch.einsum("bted,bte->btd", y, weights)
+
+
 class Block(nn.Module):
     def __init__(self, c: LlamaConfig):
         super().__init__()
@@ -54,8 +77,11 @@ class Block(nn.Module):
         self.qkv = nn.Linear(c.d_model, 3 * c.d_model, bias=False)
         self.proj = nn.Linear(c.d_model, c.d_model, bias=False)
         self.mlp_norm = RMSNorm(c.d_model)
-        self.gate_up = nn.Linear(c.d_model, 2 * c.mlp_hidden, bias=False)
-        self.down = nn.Linear(c.mlp_hidden, c.d_model, bias=False)
+        if c.experts:
+            self.moe = Experts(c)
+        else:
+            self.gate_up = nn.Linear(c.d_model, 2 * c.mlp_hidden, bias=False)
+            self.down = nn.Linear(c.mlp_hidden, c.d_model, bias=False)
 
     def forward(self, x, cos, sin):
         B, T, D = x.shape
@@ -63,6 +89,8 @@ class Block(nn.Module):
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
         x = x + self.proj(y.transpose(1, 2).reshape(B, T, D))
+        if hasattr(self, "moe"):
+            return x + self.moe(self.mlp_norm(x))
         gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
         return x + self.down(F.silu(gate) * up)
 
@@ -89,6 +117,11 @@ class Llama(nn.Module):
         for block in self.blocks:
             x = block(x, cos, sin)
         return self.head(self.norm(x))
+
+
+def expert_weights(names) -> dict[str, int]:
+    """``batch_dims`` for DASH: the stacked expert weights' leading dim indexes experts."""
+    return {name: 1 for name in names if name.endswith((".moe.w_gate_up", ".moe.w_down"))}
 
 
 def next_byte_loss(model: Llama, params: dict, tokens: torch.Tensor) -> torch.Tensor:

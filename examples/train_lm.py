@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import dash_fn  # noqa: E402
 from compiled_step import lr_at  # noqa: E402  (warm-up then cosine, shared with that example)
-from llama import Llama, LlamaConfig, next_byte_loss  # noqa: E402
+from llama import Llama, LlamaConfig, expert_weights, next_byte_loss  # noqa: E402
 
 
 def stdlib_corpus(limit_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,7 +83,7 @@ class Optimizer:
         else:
             solver = name.partition("-")[2] or "auto"
             config = dash_fn.DashConfig(block_size=args.block_size, solver=solver, inv_root_freq=args.inv_root_freq, weight_decay=args.weight_decay)
-            self.state = dash_fn.init(params, config)
+            self.state = dash_fn.init(params, config, batch_dims=expert_weights(params))
             self.step = torch.compile(dash_fn.step, fullgraph=True, backend=args.backend) if args.backend != "none" else dash_fn.step
 
     def update(self, params: dict, grads: dict, lr: torch.Tensor) -> dict:
@@ -205,6 +205,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--d-model", type=int, default=128)
     parser.add_argument("--n-layers", type=int, default=2)
     parser.add_argument("--n-heads", type=int, default=4)
+    parser.add_argument("--experts", type=int, default=0, help="> 0: a mixture-of-experts feed-forward of this many experts, each preconditioned on its own (batch_dims)")
     parser.add_argument("--block-size", type=int, default=128)
     parser.add_argument("--inv-root-freq", type=int, default=10)
     parser.add_argument("--weight-decay", type=float, default=0.0)
@@ -228,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         from tqdm import tqdm as progress
     torch._dynamo.config.cache_size_limit = 64  # one graph per (optimizer config, seed's model) is expected
-    model = Llama(LlamaConfig(d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads, mlp_hidden=(8 * args.d_model) // 3, context=args.context)).to(args.device)
+    model = Llama(LlamaConfig(d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads, mlp_hidden=(8 * args.d_model) // 3, context=args.context, experts=args.experts)).to(args.device)
     loss_fn = lambda p, tokens: next_byte_loss(model, p, tokens)
     grad_fn = torch.func.grad_and_value(loss_fn)
     if args.backend != "none":  # compiled once, shared by every run

@@ -36,7 +36,9 @@ SCENARIOS = {
         lambda: mixed_params(shapes={f"w{i}": (48, 48) for i in range(4)}),
         dash_fn.DashConfig(block_size=16, solver="eigh"),
     ),
+    "moe": (lambda: mixed_params(shapes={"experts": (5, 20, 12), "b": (10,)}), dash_fn.DashConfig(block_size=8, solver="eigh", mu=0.5)),
 }
+BATCH_DIMS = {"moe": {"experts": 1}}  # five experts, each its own matrix
 
 
 def state_bytes(state) -> int:
@@ -44,8 +46,8 @@ def state_bytes(state) -> int:
     return sum(x.numel() * x.element_size() for x in tensors(state).values() if x.ndim)
 
 
-def run(params, config, process_group=None, steps=STEPS, compile_backend=None):
-    state = dash_fn.init(params, config, process_group)
+def run(params, config, process_group=None, steps=STEPS, compile_backend=None, batch_dims=None):
+    state = dash_fn.init(params, config, process_group, batch_dims=batch_dims)
     step = dash_fn.step if compile_backend is None else torch.compile(dash_fn.step, fullgraph=True, backend=compile_backend)
     for t in range(1, steps + 1):
         params, state = step(params, random_grads(params, t), state, lr=1e-2 / t)
@@ -58,8 +60,8 @@ def main(rank: int, world_size: int, init_file: str, out: str) -> None:
     group = dist.group.WORLD
     results = {}
     for name, (make_params, config) in SCENARIOS.items():
-        single, single_state = run(make_params(), config)
-        sharded, sharded_state = run(make_params(), config, group)
+        single, single_state = run(make_params(), config, batch_dims=BATCH_DIMS.get(name))
+        sharded, sharded_state = run(make_params(), config, group, batch_dims=BATCH_DIMS.get(name))
         results[name] = {
             "single": single,
             "sharded": sharded,

@@ -29,7 +29,8 @@ from conftest import random_grads  # noqa: E402
 
 STEPS = 10
 # rows not divisible by 2 or 3, a matrix with fewer rows than ranks, vectors, a conv kernel
-SHAPES = {"w": (30, 20), "thin": (2, 9), "conv": (5, 3, 2, 2), "bias": (30,), "vec": (7,)}
+SHAPES = {"w": (30, 20), "thin": (2, 9), "conv": (5, 3, 2, 2), "bias": (30,), "vec": (7,), "experts": (3, 10, 6)}
+BATCH_DIMS = {"experts": 1}  # three experts: Shard(0) splits them between ranks
 SCENARIOS = {
     "eigh": dash_fn.DashConfig(block_size=8, solver="eigh", inv_root_freq=3),
     "ndb": dash_fn.DashConfig(block_size=6, solver="ndb", inv_root_freq=2, mu=0.9),
@@ -57,7 +58,7 @@ def run_functional(config, mesh=None, steps=STEPS, compile_backend=None):
     params = full_params()
     if mesh is not None:
         params = {k: shard_of(v, mesh) for k, v in params.items()}
-    state = dash_fn.init(params, config)
+    state = dash_fn.init(params, config, batch_dims=BATCH_DIMS)
     step = dash_fn.step if compile_backend is None else torch.compile(dash_fn.step, fullgraph=True, backend=compile_backend)
     for t in range(1, steps + 1):
         grads = random_grads(full_params(), t)
@@ -74,7 +75,7 @@ def local_oracle(config, rank: int, world: int) -> dict[str, torch.Tensor]:
         return x[min(rank * chunk, x.shape[0]) : min((rank + 1) * chunk, x.shape[0])].clone()
 
     params = {k: piece(v) for k, v in full_params().items()}
-    state = dash_fn.init(params, config)
+    state = dash_fn.init(params, config, batch_dims=BATCH_DIMS)
     for t in range(1, STEPS + 1):
         params, state = dash_fn.step(params, {k: piece(v) for k, v in random_grads(full_params(), t).items()}, state, lr=1e-2 / t)
     return params
@@ -148,7 +149,7 @@ def functional_training(world: int):
 
     mesh = init_device_mesh("cpu", (world,))
     params = {k: shard_of(v, mesh) for k, v in full_params().items()}
-    return params, dash_fn.init(params, FUNCTIONAL), mesh
+    return params, dash_fn.init(params, FUNCTIONAL, batch_dims=BATCH_DIMS), mesh
 
 
 def functional_steps(params, state, mesh, steps):
@@ -231,7 +232,7 @@ def hsdp_task(rank: int, out: str) -> None:
         return DTensor.from_local(local, mesh, (Replicate(), Shard(0)), run_check=False, shape=full.shape, stride=full.stride())
 
     params = {k: hsdp(v) for k, v in full_params().items()}
-    state = dash_fn.init(params, SCENARIOS["eigh"])
+    state = dash_fn.init(params, SCENARIOS["eigh"], batch_dims=BATCH_DIMS)
     for t in range(1, STEPS + 1):
         params, state = dash_fn.step(params, {k: hsdp(v) for k, v in random_grads(full_params(), t).items()}, state, lr=1e-2 / t)
     torch.save({k: v.full_tensor() for k, v in params.items()}, os.path.join(out, f"hsdp_rank{rank}.pt"))

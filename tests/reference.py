@@ -97,12 +97,12 @@ class ReferenceDash:
                 st["v"] = c.adamw_beta2 * st["v"] + (1 - c.adamw_beta2) * gv * gv
                 mhat = st["m"] / (1 - c.adamw_beta1 ** t)
                 vhat = st["v"] / (1 - c.adamw_beta2 ** t)
-                w = w * (1 - lr * c.weight_decay_1d) - lr * mhat / (c.adamw_eps + vhat.sqrt())
+                w = w * (1 - lr * (c.weight_decay if c.weight_decay_1d is None else c.weight_decay_1d)) - lr * mhat / (c.adamw_eps + vhat.sqrt())
                 out[name] = w.reshape(W.shape).to(W.dtype)
                 continue
             view = W64.reshape(st["view"])
             gview = g.reshape(st["view"])
-            decay = c.weight_decay if st["kind"] == "matrix" else c.weight_decay_1d
+            decay = c.weight_decay if st["kind"] == "matrix" else (c.weight_decay if c.weight_decay_1d is None else c.weight_decay_1d)
             new_view = view * (1 - lr * decay)
             for blk in st["blocks"]:
                 r0, r1, c0, c1 = blk["where"]

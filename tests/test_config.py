@@ -26,7 +26,11 @@ def test_invalid_value_names_field(field, value):
 
 def test_defaults_follow_the_spec():
     c = dash_fn.DashConfig()
-    assert (c.block_size, c.solver, c.scaling, c.newton_steps, c.inv_root_freq, c.start_prec_step) == (1024, "ndb", "pim", 10, 1, 1)
+    assert (c.block_size, c.solver, c.scaling, c.newton_steps, c.inv_root_freq, c.start_prec_step) == (1024, "auto", "pim", 10, 10, 1)
+    assert (c.weight_decay, c.weight_decay_1d, c.vector_decay) == (0.0, None, 0.0)
+    assert c.replace(weight_decay=0.1).vector_decay == 0.1 and c.replace(weight_decay=0.1, weight_decay_1d=0.0).vector_decay == 0.0
+    paper = dash_fn.DashConfig.paper()
+    assert (paper.solver, paper.scaling, paper.inv_root_freq, paper.eps, paper.one_dim, paper.block_size) == ("ndb", "pim", 1, 0.0, "shampoo", 1024)
     assert (c.eps, c.beta_G, c.beta_LR, c.beta_graft, c.eps_graft, c.mu, c.one_dim) == (1e-10, 0.9, 0.95, 0.95, 1e-8, 0.0, "adamw")
 
 

@@ -6,7 +6,7 @@ DTensor is one global tensor in pieces. DASH's stacks are laid out per rank, so 
 written per parameter and per block instead::
 
     {parameter name: {
-        "shape", "dtype": [int, ...], str         the whole parameter's, checked on load
+        "shape", "dtype", "batch_dims"            the whole parameter's, checked on load
         "step": int64 0-d,                        the step counter (equal for all parameters)
         "rows_<a>_<b>_cols_<c>_<d>": {            a block by the rows and columns it covers in
             "A", "Gt", "M": (r, c)                the parameter's 2-D view: grafting moment,
@@ -46,7 +46,8 @@ def param_entries(state: TensorDict) -> dict[str, dict]:
     saves them without a copy and loads into them in place."""
     plan, shard = state["plan"], state["shard"]
     entries: dict[str, dict] = {
-        p.name: {"shape": list(p.shape), "dtype": str(p.dtype).removeprefix("torch."), "step": state["step"]} for p in plan.params
+        p.name: {"shape": list(p.shape), "dtype": str(p.dtype).removeprefix("torch."), "batch_dims": p.batch_dims, "step": state["step"]}
+        for p in plan.params
     }
     for i, row, col, g, pos in shard.block_origins(plan):
         entries[plan.params[i].name][_block_key(shard, i, row, col, g)] = _block_views(state, shard.local, g, pos)
@@ -79,6 +80,8 @@ def load_param_entries(state: TensorDict, entries: Mapping, where: str = "load_s
             raise ValueError(f"{where}: parameter {p.name!r} has shape {p.shape} but {tuple(entry.get('shape', ()))} in the checkpoint")
         if entry.get("dtype") != str(p.dtype).removeprefix("torch."):
             raise ValueError(f"{where}: parameter {p.name!r} has dtype {p.dtype} but {entry.get('dtype')} in the checkpoint")
+        if entry.get("batch_dims", 0) != p.batch_dims:
+            raise ValueError(f"{where}: parameter {p.name!r} has batch_dims {p.batch_dims} but {entry.get('batch_dims', 0)} in the checkpoint")
     steps = {p.name: _tensor(entries[p.name], "step", (), torch.int64, f"{where}: parameter {p.name!r}") for p in plan.params}
     first = plan.params[0].name
     for name, t in steps.items():

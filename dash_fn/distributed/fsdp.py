@@ -138,11 +138,14 @@ class FsdpShard:
         return out
 
 
-def shard_rows(shape: Sequence[int], world_size: int) -> tuple[Rows, ...]:
-    """Each rank's rows of the parameter's 2-D view under ``Shard(0)`` (torch.chunk's split of
-    dim 0: ``ceil(d0 / W)`` rows of dim 0 each, the last ranks fewer or none)."""
-    _, (R, C) = matrix_view(shape)
-    numel = R * C
+def shard_rows(shape: Sequence[int], world_size: int, columns: int | None = None) -> tuple[Rows, ...]:
+    """Each rank's rows of the parameter's 2-D view (``columns`` wide; by default the view
+    of :func:`matrix_view`) under ``Shard(0)``: torch.chunk's split of dim 0, ``ceil(d0 / W)``
+    indices of dim 0 each, the last ranks fewer or none."""
+    numel = 1
+    for d in shape:
+        numel *= d
+    C = matrix_view(shape)[1][1] if columns is None else columns
     d0 = shape[0]
     per_d0 = numel // d0 if d0 else 0  # elements per index of dim 0: a whole number of view rows
     chunk = -(-d0 // world_size) if d0 else 0
@@ -165,9 +168,10 @@ def make_fsdp_shard(plan: Plan, rank: int, world_size: int, group_name: str | No
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank!r}")
     group_name = group_name if world_size > 1 else None
-    rows = tuple(shard_rows(p.shape, world_size) for p in plan.params)
+    rows = tuple(shard_rows(p.shape, world_size, p.view[1]) for p in plan.params)
     if mode == "local":  # each shard is a whole problem of its own
-        local = make_plan([(p.name, local_shape(p.shape, world_size, rank), p.dtype) for p in plan.params], plan.block_size, one_dim)
+        specs = [(p.name, local_shape(p.shape, world_size, rank), p.dtype) for p in plan.params]
+        local = make_plan(specs, plan.block_size, one_dim, {p.name: p.batch_dims for p in plan.params})
         return FsdpShard(rank, world_size, group_name, mode, local, local.params, rows, rows, False)
     owned_rows = plan_bands(plan, rows, world_size)[0]
     owned, counts = _owned_regions(plan, owned_rows, rank)

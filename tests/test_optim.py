@@ -1,5 +1,7 @@
 """dash_fn.DASH, the torch.optim adapter: it equals the functional step bitwise, per group."""
 
+import warnings
+
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -271,3 +273,59 @@ def test_bad_options_raise_before_anything_is_added():
     params[0].grad = torch.zeros_like(params[0]).to_sparse()
     with pytest.raises(RuntimeError, match="sparse"):
         opt.step()
+
+
+def test_param_group_keys_are_strict():
+    params = list(parameters().values())
+    with pytest.raises(TypeError, match=r"unknown key 'weight_decy'; the keys DASH knows are \('params', 'param_names', 'lr', 'batch_dims'"):
+        dash_fn.DASH([{"params": params, "weight_decy": 0.1}])
+    opt = dash_fn.DASH(params[:2], lr=0.01)
+    with pytest.raises(TypeError, match="unknown key 'momentum'"):
+        opt.add_param_group({"params": params[2:], "momentum": 0.9})
+    assert len(opt.param_groups) == 1
+
+
+def test_named_parameters_name_the_state_and_the_errors():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 3))
+    opt = dash_fn.DASH(model.named_parameters(), lr=0.01, block_size=4)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    opt.step()
+    assert state_of(opt)["plan"].names == ("0.weight", "0.bias", "1.weight", "1.bias")
+    with pytest.raises(ValueError, match=r"batch_dims=2 leaves no matrix in parameter '0.weight' of shape \(5, 6\)"):
+        dash_fn.DASH([{"params": list(model.named_parameters()), "batch_dims": 2}])
+    saved = opt.state_dict()
+    assert saved["param_groups"][0]["param_names"] == ["0.weight", "0.bias", "1.weight", "1.bias"]
+    restored = dash_fn.DASH(model.named_parameters(), lr=0.01, block_size=4)
+    restored.load_state_dict(saved)
+    assert_equal_states(state_of(restored), state_of(opt))
+
+
+def test_weight_decay_decays_vectors_as_adamw_does_unless_told_otherwise():
+    """weight_decay alone: every parameter decays, vectors included (torch.optim.AdamW's rule);
+    weight_decay_1d=0.0 leaves the vectors undecayed."""
+    def bias_after_one_step(**decay):
+        bias = torch.nn.Parameter(torch.ones(4))
+        opt = dash_fn.DASH([bias], lr=0.1, **decay)
+        bias.grad = torch.zeros(4)
+        opt.step()
+        return bias.detach()
+
+    assert torch.equal(bias_after_one_step(weight_decay=0.5), torch.full((4,), 1 - 0.1 * 0.5))
+    assert torch.equal(bias_after_one_step(weight_decay=0.5, weight_decay_1d=0.0), torch.ones(4))
+
+
+def test_mixed_precision_group_says_why_its_state_is_float64():
+    params = [torch.nn.Parameter(torch.randn(4, 4, dtype=torch.float64)), torch.nn.Parameter(torch.randn(4, 4))]
+    opt = dash_fn.DASH(params, lr=0.01, block_size=4)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    with pytest.warns(UserWarning, match=r"mix float64 \('0'\) with lower precision \('1'\).*whole state is kept in float64"):
+        opt.step()
+    assert state_of(opt)["groups", "0", "A"].dtype == torch.float64
+    split = dash_fn.DASH([{"params": params[:1]}, {"params": params[1:]}], lr=0.01, block_size=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        split.step()
+    assert state_of(split, 1)["groups", "0", "A"].dtype == torch.float32

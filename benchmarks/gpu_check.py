@@ -18,7 +18,7 @@ import torch
 
 from step_bench import bench, markdown, matmul_peak, speedups
 
-# One transformer layer of Llama 953M (ALGORITHM.md 3.2): fused qkv, o, gate, up, down.
+# One transformer layer of Llama 953M (docs/ALGORITHM.md 3.2): fused qkv, o, gate, up, down.
 LLAMA_953M_LAYER = {"qkv": (6144, 2048), "o": (2048, 2048), "gate": (5632, 2048), "up": (5632, 2048), "down": (2048, 5632)}
 TINY_LAYER = {"qkv": (96, 32), "o": (32, 32), "gate": (88, 32), "up": (88, 32), "down": (32, 88)}
 

@@ -1,6 +1,6 @@
 """The per-block baseline: block Shampoo as Distributed Shampoo runs it, one block at a time.
 
-Written from ALGORITHM.md section 4 for the benchmarks: the same math as dash_fn.step (Adam
+Written from docs/ALGORITHM.md section 4 for the benchmarks: the same math as dash_fn.step (Adam
 grafting, factor EMAs, gradient EMA, roots from the same solver functions) but a Python loop
 over blocks with one small kernel per block and operation, as a per-parameter, per-block
 optimizer does. It covers matrix parameters only (the benchmark layers have no vectors).

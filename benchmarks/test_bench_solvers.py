@@ -4,7 +4,7 @@
     DASH_BENCH_FULL=1 pytest benchmarks/test_bench_solvers.py --benchmark-enable   # real stack counts
     DASH_BENCH_MODEL=gpt2-small DASH_BENCH_WORLD=1 ...                            # another model / ranks
 
-Stack counts come from the blocking plan of a real model (ALGORITHM.md 3): the number of
+Stack counts come from the blocking plan of a real model (docs/ALGORITHM.md 3): the number of
 (b, b) factors with p = 4 that one of ``DASH_BENCH_WORLD`` ranks owns (default: Llama 953M on 8
 ranks, the paper's setting: 228 factors of 1024 per rank at B = 1024). On CUDA, or with
 ``DASH_BENCH_FULL=1``, the benchmark solves that many blocks. Otherwise (the default on CPU)
@@ -38,7 +38,7 @@ BLOCK_SIZES = (128, 256, 512, 1024)
 
 def model_shapes(name: str) -> list[tuple[int, int]]:
     """Matrix parameter shapes of a model (vectors do not make factors under one_dim=adamw)."""
-    if name == "llama-953m":  # ALGORITHM.md 3.2
+    if name == "llama-953m":  # docs/ALGORITHM.md 3.2
         layer = [(6144, 2048), (2048, 2048), (5632, 2048), (5632, 2048), (2048, 5632)]
         return 16 * layer + 2 * [(32000, 2048)]
     if name == "gpt2-small":

@@ -1,6 +1,6 @@
 """DashConfig: every knob of the optimizer, validated once at construction.
 
-Defaults follow ALGORITHM.md section 9. The config is a frozen dataclass so that it can be
+Defaults follow docs/ALGORITHM.md section 9. The config is a frozen dataclass so that it can be
 stored in the state as non-tensor data, hashed, and treated as a constant by torch.compile.
 """
 
@@ -25,11 +25,77 @@ class DashConfig:
     Matrix parameters are cut into ``block_size`` x ``block_size`` blocks; each block keeps two
     Kronecker factors ``L = EMA(G G^T)`` and ``R = EMA(G^T G)`` whose inverse 4th roots
     precondition the (EMA of the) gradient, ``U = L^{-1/4} G R^{-1/4}``, and the result is
-    grafted onto the norm of the Adam direction of the same block. See ALGORITHM.md for the
-    full math; field names match its symbols.
+    grafted onto the norm of the Adam direction of the same block. The math, with every field
+    in a table, is in docs/ALGORITHM.md (section 9 for the fields); field names match its
+    symbols. Section numbers below refer to that document.
 
-    Every field is validated in ``__post_init__``: an invalid value raises ``ValueError`` naming
-    the field and the allowed range.
+    Blocking:
+        ``block_size`` = 1024, int >= 1: blocks are at most B x B, vector segments at most B
+            long (2.2, 2.3). Fixes the state's layout.
+
+    Roots and solvers:
+        ``solver`` = "auto": "eigh", "cn" (coupled Newton), "ndb" (Newton-Denman-Beavers),
+            "chebyshev", or "auto" (eigh on the CPU, ndb on other devices) (5).
+        ``newton_steps`` = 10, int >= 1: iterations of CN and of each NDB call.
+        ``inv_root_freq`` = 10, int >= 1: roots refreshed at step start_prec_step and every
+            inv_root_freq-th step after it (4 d).
+        ``start_prec_step`` = 1, int >= 1 or math.inf: steps before it are Adam; math.inf
+            never preconditions.
+        ``eps`` = 1e-10, >= 0: eigh, CN and NDB invert ``X + eps I``.
+        ``eigh_heuristic`` = "shampoo": "shampoo", "abs", "abs_add" or "relu", eigh's map
+            from eigenvalues to the inverted spectrum (5.1).
+        ``cn_tol`` = 1e-6, > 0, and ``cn_masking`` = True: a CN block stops changing once
+            max|M - I| < cn_tol (fixed trip count, no host sync).
+        ``ndb_tol`` = 1e-6, > 0, and ``ndb_masking`` = False: the same for NDB, on max|ZY - I|.
+        ``cheb_degree`` = 60, int >= 2, and ``cheb_eps`` = 1e-3, > 0: Chebyshev degree d
+            (d - 1 products) and relative shift delta: the root of ``X + delta s I`` (5.4).
+        ``matmul_dtype`` = "float32": "float32", "bfloat16" or "float16", the rounding of
+            the matmul solvers' operands; accumulation stays in the state dtype (5.5).
+
+    Scaling (matmul solvers only; eigh needs none):
+        ``scaling`` = "pim": "fro" (s = ||X||_F), "pi" (power iteration) or "pim" (power
+            iteration from several start vectors, largest estimate) (6).
+        ``scaling_const`` = 2.0, > 0: s = scaling_const * lambda_hat under pi and pim.
+        ``pi_steps`` = 10, int >= 1: power iterations.
+        ``pim_vectors`` = 16, int >= 1: start vectors of pim.
+        ``eps_power_iter`` = 1e-6, >= 0: damping, iterate on ``X + eps_power_iter I``.
+        ``scaling_dtype`` = "float32": "float32" or "float64"; scales are computed in the
+            wider of this and the state dtype.
+        ``scaling_seed`` = 0, int >= 0: seed of the deterministic start vectors.
+
+    Moments and grafting:
+        ``beta_G`` = 0.9, in [0, 1): gradient EMA; 0 uses the raw gradient (and keeps no EMA).
+        ``beta_LR`` = 0.95, in [0, 1]: factor EMA; 1 sums the factors (AdaGrad-style).
+        ``beta_graft`` = 0.95, in [0, 1): second-moment EMA of Adam grafting.
+        ``grafting`` = "adam": "adam" (EMA) or "adagrad" (sum) second moment.
+        ``eps_graft`` = 1e-8, > 0: eps of the Adam direction whose norm is grafted.
+        ``bias_correction`` = True: bias-correct the gradient EMA and the grafting moment.
+        ``mu`` = 0.0, in [0, 1): momentum on the grafted directions (0: none, no state).
+        ``nesterov`` = True: Nesterov form of that momentum.
+
+    Decay:
+        ``weight_decay`` = 0.0, >= 0: decoupled weight decay (as torch.optim.AdamW) of
+            matrices, and of vectors while weight_decay_1d is None.
+        ``weight_decay_1d`` = None, None or >= 0: decoupled decay of vectors; None follows
+            weight_decay (see ``vector_decay``), 0.0 leaves biases and norms undecayed.
+
+    Vectors:
+        ``one_dim`` = "adamw": vectors by "adamw" (elementwise) or "shampoo" (one-sided
+            Shampoo segments of block_size). Fixes the state's layout.
+        ``adamw_beta1`` = 0.9 and ``adamw_beta2`` = 0.95, in [0, 1), and ``adamw_eps`` =
+            1e-8, > 0: AdamW's betas and eps for vectors.
+
+    Distributed:
+        ``comm_dtype`` = None: None (directions travel in the state dtype, exactly) or
+            "bfloat16" (half the traffic, rounded alike on every rank) (8.3).
+        ``fsdp_blocks`` = "exact": under FSDP2, "exact" cuts blocks as one process does
+            (bitwise equal to it, one all-to-all each way) or "local" cuts them at shard edges
+            (no communication, results depend on the world size) (8.4).
+
+    ``DashConfig.paper()`` is the DASH paper's recommended setting (ndb, pim, roots every
+    step, eps 0, one-sided Shampoo vectors); ``config.replace(**changes)`` returns a validated
+    copy. Every field is validated in ``__post_init__``: an invalid value raises ``ValueError``
+    naming the field and the allowed range.
     """
 
     block_size: int = 1024

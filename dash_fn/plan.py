@@ -1,6 +1,6 @@
 """The blocking plan: how every parameter is cut into blocks and where each block lives.
 
-ALGORITHM.md sections 2-3. A matrix parameter is viewed as (R, C); its rows split into full
+docs/ALGORITHM.md sections 2-3. A matrix parameter is viewed as (R, C); its rows split into full
 parts of ``block_size`` plus a remainder, likewise its columns, so the view is a grid of at
 most 2 x 2 *regions*, each a grid of equal blocks (full blocks, right strip, bottom strip,
 corner). Blocks of equal shape across all parameters form one *block group*, stacked as one
@@ -107,7 +107,7 @@ class Plan:
 
 
 def matrix_view(shape: Sequence[int]) -> tuple[str, tuple[int, int]]:
-    """Kind and 2-D view of a parameter shape (ALGORITHM.md 2.1): size-1 dims are dropped,
+    """Kind and 2-D view of a parameter shape (docs/ALGORITHM.md 2.1): size-1 dims are dropped,
     2+ remaining dims become (first, rest), one or none become a vector."""
     numel = 1
     for d in shape:
@@ -132,7 +132,7 @@ def _parts(length: int, block_size: int) -> list[tuple[int, int, int]]:
 def batched_view(shape: Sequence[int], batch_dims: int) -> tuple[str, tuple[int, int], int]:
     """Kind, 2-D view and number of matrices of a parameter whose ``batch_dims`` leading dims
     index independent matrices: E matrices of view (R, C) are one (E R, C) view whose row
-    bands [e R, (e + 1) R) are blocked apart (ALGORITHM 2.1 for each)."""
+    bands [e R, (e + 1) R) are blocked apart (docs/ALGORITHM.md 2.1 for each)."""
     if not 0 <= batch_dims < max(len(shape), 1):
         raise ValueError(f"batch_dims must be in [0, {max(len(shape) - 1, 0)}] for a parameter of shape {tuple(shape)}, got {batch_dims}")
     count = 1

@@ -1,4 +1,4 @@
-"""``step``: one DASH update on stacked blocks (ALGORITHM.md section 4).
+"""``step``: one DASH update on stacked blocks (docs/ALGORITHM.md section 4).
 
 Data flows one way: grads -> plan.gather -> block stacks -> factor/moment updates -> roots
 refreshed on schedule -> grafted Shampoo directions -> plan.scatter -> new params.

@@ -1,4 +1,4 @@
-"""A plain float64 per-block reference of ALGORITHM.md: the oracle for dash_fn.step.
+"""A plain float64 per-block reference of docs/ALGORITHM.md: the oracle for dash_fn.step.
 
 Written independently of dash_fn's code: no stacking, no shared helpers; loops over parameters
 and blocks, one small dict of state per block, everything in float64. Only the DashConfig
@@ -15,7 +15,7 @@ f64 = torch.float64
 
 
 def eigh_root(X: torch.Tensor, p: int, eps: float, heuristic: str) -> torch.Tensor:
-    """Inverse p-th root of one symmetric block, ALGORITHM.md 5.1."""
+    """Inverse p-th root of one symmetric block, docs/ALGORITHM.md 5.1."""
     n = X.shape[0]
     mu, Q = torch.linalg.eigh(X + eps * torch.eye(n, dtype=f64))
     lam = mu - eps

@@ -1,4 +1,4 @@
-"""Block ownership across ranks (ALGORITHM.md 8): the planner, and real gloo process groups.
+"""Block ownership across ranks (docs/ALGORITHM.md 8): the planner, and real gloo process groups.
 
 The process tests spawn W = 2 and W = 3 CPU processes (tests/distributed_worker.py); each rank
 runs every scenario as one process and as a rank of W, and here the two must agree bit for bit.
@@ -20,7 +20,7 @@ from dash_fn.plan import make_plan
 
 WORKER = os.path.join(os.path.dirname(__file__), "distributed_worker.py")
 
-# The DASH paper's Llama 953M (ALGORITHM.md 3.2): 16 layers and two embeddings.
+# The DASH paper's Llama 953M (docs/ALGORITHM.md 3.2): 16 layers and two embeddings.
 LLAMA_953M = [(f"l{i}.{name}", shape, torch.float32) for i in range(16) for name, shape in (
     ("qkv", (6144, 2048)), ("o", (2048, 2048)), ("gate", (5632, 2048)), ("up", (5632, 2048)), ("down", (2048, 5632)))]
 LLAMA_953M += [("embed", (32000, 2048), torch.float32), ("head", (32000, 2048), torch.float32)]

@@ -1,4 +1,4 @@
-"""Closed-form properties of the grafted Shampoo direction (ALGORITHM.md 4 (ii), oracles 10-12)."""
+"""Closed-form properties of the grafted Shampoo direction (docs/ALGORITHM.md 4 (ii), oracles 10-12)."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Blocking and stacking (ALGORITHM.md 2-3, oracle 9)."""
+"""Blocking and stacking (docs/ALGORITHM.md 2-3, oracle 9)."""
 
 import pytest
 import torch
@@ -25,7 +25,7 @@ def round_trip(shapes, block_size, one_dim="adamw"):
 
 
 def test_llama_953m_stacks():
-    """The stack inventory of ALGORITHM.md 3.2, from shapes alone."""
+    """The stack inventory of docs/ALGORITHM.md 3.2, from shapes alone."""
     plan = plan_for(LLAMA_953M, 1024)
     groups = {(g.rows, g.cols): g.count for g in plan.groups}
     assert groups == {(1024, 1024): 860, (256, 1024): 4, (512, 1024): 64, (1024, 512): 32}

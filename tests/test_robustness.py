@@ -1,4 +1,4 @@
-"""Numerical robustness (ALGORITHM.md 7): zero blocks, non-finite factors, no NaN from finite input."""
+"""Numerical robustness (docs/ALGORITHM.md 7): zero blocks, non-finite factors, no NaN from finite input."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Matrix scaling (ALGORITHM.md 6, oracle 8): fro, pi, pim and their start vectors.
+"""Matrix scaling (docs/ALGORITHM.md 6, oracle 8): fro, pi, pim and their start vectors.
 
 Oracles are float64 closed forms and torch.linalg.eigh in float64, never numbers from the code
 under test.
@@ -98,7 +98,7 @@ def test_scales_are_finite_and_proportional_at_extreme_magnitudes(scaling, facto
 @pytest.mark.parametrize("eps", [0.0, 1e-10])
 @pytest.mark.parametrize("scaling", ["pi", "pim"])
 def test_zero_block_power_iteration_gives_the_damping(scaling, eps):
-    """ALGORITHM.md 6: a zero block gives lambda_hat = eps + 1e-6, s = 2 (eps + 1e-6)."""
+    """docs/ALGORITHM.md 6: a zero block gives lambda_hat = eps + 1e-6, s = 2 (eps + 1e-6)."""
     config = DashConfig(scaling=scaling, eps=eps)
     Xr = torch.zeros(2, 8, 8) + eps * torch.eye(8)
     s = matrix_scale(Xr, config, start_vectors(8, config))

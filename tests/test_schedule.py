@@ -1,4 +1,4 @@
-"""Root refresh schedule (ALGORITHM.md 4 d, oracle 13) and the static refresh flag."""
+"""Root refresh schedule (docs/ALGORITHM.md 4 d, oracle 13) and the static refresh flag."""
 
 import torch
 

@@ -1,6 +1,6 @@
-"""Inverse-root solvers (ALGORITHM.md 5, 7; oracles 2-7, 15, 16, 19, 21).
+"""Inverse-root solvers (docs/ALGORITHM.md 5, 7; oracles 2-7, 15, 16, 19, 21).
 
-Oracles: torch.linalg.eigh in float64, closed forms, and the numbers printed in ALGORITHM.md
+Oracles: torch.linalg.eigh in float64, closed forms, and the numbers printed in docs/ALGORITHM.md
 (zero-matrix constants, the scaling table of section 6). Nothing expected is copied from the
 code under test.
 
@@ -130,7 +130,7 @@ def test_ndb_pim_float32_condition_1e4_needs_15_steps(p):
 
 
 def test_scaling_table_of_the_spec():
-    """ALGORITHM.md 6 table: 256 x 256, 64 eigenvalues at 1 and 192 log-spaced from 1 to 1e-4,
+    """docs/ALGORITHM.md 6 table: 256 x 256, 64 eigenvalues at 1 and 192 log-spaced from 1 to 1e-4,
     inverse 4th root in float64, with scales 2 lambda_max, lambda_max and ||X||_F."""
     gen = torch.Generator().manual_seed(0)
     Q, _ = torch.linalg.qr(torch.randn(256, 256, generator=gen, dtype=f64))
@@ -205,7 +205,7 @@ def test_diagonal_blocks(solver, dtype):
         torch.testing.assert_close(out.diagonal(dim1=-2, dim2=-1), expected, rtol=tol, atol=0)
 
 
-ZERO_BLOCK_ROOTS = {  # ALGORITHM.md oracles 4, 5 (eps = 0, pim: s = 2e-6, T = 10)
+ZERO_BLOCK_ROOTS = {  # docs/ALGORITHM.md oracles 4, 5 (eps = 0, pim: s = 2e-6, T = 10)
     ("ndb", 2): 1.5**10 / math.sqrt(2e-6),  # 40775.34
     ("ndb", 4): 1.5**10 * 2e-6 ** -0.25,  # 1533.40
     ("cn", 2): (3 / 4e-6) ** 0.5 * 1.5**10,  # 49939.4
@@ -345,7 +345,7 @@ class CountProducts(TorchDispatchMode):
     [("ndb", 4, 54), ("ndb", 2, 27), ("cn", 4, 36), ("cn", 2, 27), ("chebyshev", 4, 59), ("chebyshev", 2, 59)],
 )
 def test_product_counts(solver, p, products):
-    """NDB 2 (3T - 3) for p = 4 (ALGORITHM.md: 56, or 54 skipping each call's unused last
+    """NDB 2 (3T - 3) for p = 4 (docs/ALGORITHM.md: 56, or 54 skipping each call's unused last
     iterate), CN 4T - 4 / 3T - 3, Chebyshev d - 1; fro scaling adds none; masking adds none."""
     X = spd_stack(2, 8, 10.0, f32)
     for masking in (False, True):
@@ -405,7 +405,7 @@ def test_non_finite_blocks_keep_their_previous_root(solver):
 
 @pytest.mark.parametrize("solver", MATMUL_SOLVERS)
 def test_diverging_blocks_are_flagged_and_fall_back(solver):
-    """ALGORITHM.md 6's failure example, diag(100, 1) with start vector (0, 1): pi sees only the
+    """docs/ALGORITHM.md 6's failure example, diag(100, 1) with start vector (0, 1): pi sees only the
     eigenvalue 1, s = 2, the scaled spectrum reaches 50. The block comes back NaN (the failure
     flag) and keeps its old root; the healthy block in the same stack is unaffected."""
     config = DashConfig(solver=solver, scaling="pi", eps_power_iter=0.0)
@@ -502,7 +502,7 @@ def test_clenshaw_is_the_chebyshev_sum():
 @pytest.mark.parametrize("p", [2, 4])
 def test_chebyshev_is_the_relatively_shifted_root(p):
     """Oracle 7: out ~ (X + delta s I)^{-1/p}. At delta = 1e-2, d = 60 the scalar fit's max
-    relative error is 3.8e-7 for p = 4 (ALGORITHM.md 5.4), which bounds the matrix error; p = 2
+    relative error is 3.8e-7 for p = 4 (docs/ALGORITHM.md 5.4), which bounds the matrix error; p = 2
     fits to 1.2e-6 (measured)."""
     gen = torch.Generator().manual_seed(2)
     G = torch.randn(4, 32, 16, generator=gen, dtype=f64)

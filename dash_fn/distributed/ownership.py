@@ -5,7 +5,7 @@ refreshes (``r^3 + c^3`` two-sided, ``r^3`` one-sided).
 
 - :func:`ownership` (replicated parameters, DDP): rank k owns a contiguous slice of every
   block group, ``N // W`` blocks each and the ``N % W`` least-loaded ranks one more
-  (ALGORITHM.md 8).
+  (docs/ALGORITHM.md 8).
 - :func:`band_owners` (FSDP2 row shards): a *band* (one row of blocks of one parameter) whose
   rows all sit on one rank is owned there; a band that straddles shards goes to the rank that
   holds most of its rows (the fewest rows to move), ties to the least-loaded rank.
@@ -24,7 +24,7 @@ def block_cost(rows: int, cols: int, one_sided: bool) -> int:
 
 
 def ownership(plan: Plan, world_size: int) -> tuple[tuple[int, ...], ...]:
-    """``counts[g][k]``: how many blocks of group g rank k owns (ALGORITHM.md 8).
+    """``counts[g][k]``: how many blocks of group g rank k owns (docs/ALGORITHM.md 8).
 
     Groups in plan order: each rank gets ``N // W`` blocks and the ``N % W`` least-loaded ranks
     (ties: lower rank) one more; a rank's load is the root cost of the blocks it owns so far.

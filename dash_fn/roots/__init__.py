@@ -41,7 +41,7 @@ def uses_start_vectors(config: DashConfig, solver: str) -> bool:
 
 
 def start_vectors(size: int, config: DashConfig, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
-    """Deterministic unit start vectors (size, k) for power iteration (ALGORITHM.md 6).
+    """Deterministic unit start vectors (size, k) for power iteration (docs/ALGORITHM.md 6).
 
     Drawn from N(0, 1) by a private generator seeded from (scaling_seed, size), in float64 on
     the CPU, so every device, rank and run gets the same vectors and the global RNG is untouched.
@@ -78,7 +78,7 @@ def refresh_roots(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """New roots for a factor stack, keeping a block's old root where its refresh fails.
 
-    ALGORITHM.md 7.2: a block with a non-finite factor is solved as I (so it cannot spoil
+    docs/ALGORITHM.md 7.2: a block with a non-finite factor is solved as I (so it cannot spoil
     anything) and, like a block whose new root is non-finite, keeps its previous root.
     Returns (roots, a (K,) bool mask of the blocks that fell back) without any host sync.
     """

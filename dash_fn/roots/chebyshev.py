@@ -1,4 +1,4 @@
-"""Chebyshev (Clenshaw) inverse p-th roots (ALGORITHM.md 5.4).
+"""Chebyshev (Clenshaw) inverse p-th roots (docs/ALGORITHM.md 5.4).
 
 ``f(x) = x^{-1/p}`` is fitted once per (delta = cheb_eps, d = cheb_degree, p) on
 ``[delta, 1 + delta]`` by the Chebyshev series at N = 10000 nodes of the first kind

@@ -1,4 +1,4 @@
-"""Coupled Newton inverse p-th roots (ALGORITHM.md 5.2).
+"""Coupled Newton inverse p-th roots (docs/ALGORITHM.md 5.2).
 
 With ``Xr = X + eps I``, scale s and ``z = (p + 1) / (2 s)``, start from ``Y_0 = z^{1/p} I``,
 ``M_0 = z Xr`` and iterate

@@ -1,4 +1,4 @@
-"""Inverse p-th roots by eigendecomposition (ALGORITHM.md 5.1)."""
+"""Inverse p-th roots by eigendecomposition (docs/ALGORITHM.md 5.1)."""
 
 from __future__ import annotations
 

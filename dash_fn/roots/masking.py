@@ -1,4 +1,4 @@
-"""Per-block freezing and failure flags shared by the Newton solvers (ALGORITHM.md 5.2, 5.3, 7).
+"""Per-block freezing and failure flags shared by the Newton solvers (docs/ALGORITHM.md 5.2, 5.3, 7).
 
 Both iterations carry a residual ``max_ij |R - I|`` per block (R = M for coupled Newton,
 R = Z Y for NDB) that is at most 1 for exact iterates. It drives two device-side decisions,

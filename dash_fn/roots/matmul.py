@@ -1,4 +1,4 @@
-"""Products of the matmul solvers: low-precision operands, full-precision accumulation (ALGORITHM.md 5.5).
+"""Products of the matmul solvers: low-precision operands, full-precision accumulation (docs/ALGORITHM.md 5.5).
 
 ``matmul_dtype`` rounds the *operands* of a product; the accumulation and the result stay in
 the working dtype (float32, or float64 for float64 stacks), and so do the iterates between

@@ -1,4 +1,4 @@
-"""Newton-Denman-Beavers inverse p-th roots, p a power of two (ALGORITHM.md 5.3).
+"""Newton-Denman-Beavers inverse p-th roots, p a power of two (docs/ALGORITHM.md 5.3).
 
 The coupled iteration on a scaled block A (spectrum in (0, 2)), from ``Y_0 = A``, ``Z_0 = I``:
 

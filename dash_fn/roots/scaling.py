@@ -1,4 +1,4 @@
-"""Per-block scales s for the matmul solvers (ALGORITHM.md 6).
+"""Per-block scales s for the matmul solvers (docs/ALGORITHM.md 6).
 
 Newton-type iterations converge only when the spectrum of X/s lies in their basin (X/s in
 (0, 2) for NDB and CN) and converge fast only near 1, so each block is scaled by an

@@ -31,3 +31,52 @@ def test_flop_count_matches_hand_count():
     assert step_bench.plain_flops(plan) == 2 * 8 * 16**3
     # NDB, T = 10: 2 (3T - 2) = 56 products of 2 b^3 per factor, 4 factors of size 16
     assert step_bench.solver_flops(plan, dash_fn.DashConfig(block_size=16, solver="ndb")) == 4 * 56 * 2 * 16**3
+
+
+def _table_rows(out: str, first: str) -> dict[tuple[str, ...], list[str]]:
+    """Markdown rows of ``out`` starting with cell ``first``, keyed by their first three cells."""
+    rows = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[0] == first:
+            rows[tuple(cells[:3])] = cells
+    return rows
+
+
+def test_fsdp_bench_planner(capsys):
+    """Llama 953M at block 1024: exact moves less than an all-to-all of every gradient, local 0."""
+    import fsdp_bench
+
+    fsdp_bench.main(["--planner-only"])
+    out = capsys.readouterr().out
+    assert "model size 3,812,622,336 bytes" in out  # 953,155,584 float32 parameters
+    assert "| d_model |" not in out  # no processes
+    for world in ("8", "64"):
+        rows = {cells[1]: cells for cells in _table_rows(out, world).values()}
+        assert set(rows) == {"dash_fn exact", "dash_fn local", "whole-parameter owner", "all-to-all of every gradient: 2 (W-1)/W x model bytes"}
+        every = int(rows["all-to-all of every gradient: 2 (W-1)/W x model bytes"][2].replace(",", ""))
+        assert every == 2 * (int(world) - 1) * 3_812_622_336 // int(world)
+        exact = int(rows["dash_fn exact"][2].replace(",", ""))
+        assert 0 < exact < every
+        assert rows["dash_fn local"][2] == "0"
+        assert int(rows["whole-parameter owner"][2].replace(",", "")) == every  # shards split every dim 0 evenly
+
+
+def test_fsdp_bench_tiny_run():
+    """W = 1 and 2 gloo processes at d_model 48, block 32: the 32-row bands of the 48-row
+    matrices straddle the 24-row shards at W = 2, so exact moves their rows 24..32: 4 x 8 x 48
+    + 8 x 192 = 3072 elements each way, 2 x 3072 x 4 = 24,576 bytes per step; local moves 0."""
+    import subprocess
+
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "fsdp_bench.py")
+    args = ["--d-model", "48", "--block-size", "32", "--world-sizes", "1", "2", "--reps", "1", "--planner-world-sizes", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=240, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = _table_rows(run.stdout, "48")
+    assert set(rows) == {("48", w, mode) for w in ("1", "2") for mode in ("exact", "local")}
+    moved = {key: int(cells[-1].replace(",", "")) for key, cells in rows.items()}
+    assert moved[("48", "2", "exact")] == 24_576
+    assert int(rows[("48", "2", "exact")][3]) == 5  # straddling bands: wq, wk, wv, wo, down
+    assert moved[("48", "1", "exact")] == moved[("48", "1", "local")] == moved[("48", "2", "local")] == 0
+    assert rows[("48", "2", "local")][3] == "0"

@@ -24,10 +24,10 @@ TINY_LAYER = {"qkv": (96, 32), "o": (32, 32), "gate": (88, 32), "up": (88, 32), 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, aot_eager")
-    parser.add_argument("--solver", nargs="+", default=["ndb", "eigh"])
-    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--solver", nargs="+", default=["ndb", "eigh"], help="root solvers to time")
+    parser.add_argument("--reps", type=int, default=10, help="timed steps per row (median; 1 with --dry-run)")
     args = parser.parse_args(argv)
     if args.dry_run:
         device, shapes, block, reps = torch.device("cpu"), TINY_LAYER, 16, 1

@@ -183,15 +183,15 @@ def plot(results: dict[str, list[dict]], path: Path, device: torch.device) -> No
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="b = 128, 4 blocks, 10 training steps, fewer settings")
-    parser.add_argument("--block-size", type=int)
-    parser.add_argument("--stack", type=int, help="blocks per stack")
-    parser.add_argument("--train-steps", type=int)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, help="torch.set_num_threads (CPU)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--plot", type=Path, default=HERE / "results" / "solver_accuracy.png")
+    parser.add_argument("--block-size", type=int, help="block size b; when not given 256, or 128 with --quick")
+    parser.add_argument("--stack", type=int, help="blocks per stack; when not given 8, or 4 with --quick")
+    parser.add_argument("--train-steps", type=int, help="dash_fn steps of the Llama whose factors are measured; when not given 60, or 10 with --quick")
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls per setting (median, after a warm-up)")
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads (CPU); when not given torch's own")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="device of the solver calls")
+    parser.add_argument("--plot", type=Path, default=HERE / "results" / "solver_accuracy.png", help="where the plot goes")
     args = parser.parse_args()
     b = args.block_size or (128 if args.quick else 256)
     K = args.stack or (4 if args.quick else 8)

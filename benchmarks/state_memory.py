@@ -23,8 +23,8 @@ def state_bytes(state) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--block-size", type=int, default=1024)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--block-size", type=int, default=1024, help="DASH block size")
     args = parser.parse_args()
     config = dash_fn.DashConfig(block_size=args.block_size, solver="eigh")
     print(f"block_size = {args.block_size}, float32 parameters, mu = 0\n")

@@ -189,12 +189,12 @@ def speedups(rows) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--d-model", type=int, nargs="+", default=[512, 1024])
-    parser.add_argument("--block-size", type=int, nargs="+", default=[128, 256])
-    parser.add_argument("--solver", nargs="+", default=["eigh", "ndb"])
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--device", default="cpu")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--d-model", type=int, nargs="+", default=[512, 1024], help="layer widths d")
+    parser.add_argument("--block-size", type=int, nargs="+", default=[128, 256], help="DASH block sizes")
+    parser.add_argument("--solver", nargs="+", default=["eigh", "ndb"], help="root solvers")
+    parser.add_argument("--reps", type=int, default=5, help="timed plain steps per row (median; refresh steps: half as many)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--no-compile", action="store_true", help="skip the Inductor-compiled variant")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one rep: a smoke run")
     args = parser.parse_args(argv)

@@ -67,10 +67,10 @@ def run(optimizer: str, lr: float, steps: int, seed: int, data) -> tuple[float, 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--seed", type=int, default=0)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--steps", type=int, default=300, help="training steps of each optimizer")
+    parser.add_argument("--lr", type=float, default=3e-3, help="learning rate of both optimizers")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the train/test split, the initialization and the batches")
     args = parser.parse_args(argv)
     data = load_digits_tensors(args.seed)
     params = dict(make_model(args.seed).named_parameters())

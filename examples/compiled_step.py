@@ -52,16 +52,16 @@ def lr_at(t: int, steps: int, peak: float, warmup: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--solver", default="eigh")
-    parser.add_argument("--block-size", type=int, default=128)
-    parser.add_argument("--inv-root-freq", type=int, default=5)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--backend", default="inductor")
-    parser.add_argument("--refresh", choices=["device", "host"], default=None, help="default: host on CUDA, device elsewhere")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--d-model", type=int, default=128)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--steps", type=int, default=40, help="training steps")
+    parser.add_argument("--solver", default="eigh", help="root solver")
+    parser.add_argument("--block-size", type=int, default=128, help="DASH block size")
+    parser.add_argument("--inv-root-freq", type=int, default=5, help="steps between inverse-root refreshes")
+    parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (warm-up, then cosine decay)")
+    parser.add_argument("--backend", default="inductor", help="torch.compile backend")
+    parser.add_argument("--refresh", choices=["device", "host"], default=None, help="where the refresh decision is taken; when not given: host if --device is cuda, else device")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
+    parser.add_argument("--d-model", type=int, default=128, help="model width")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     host_refresh = (args.refresh or ("host" if device.type == "cuda" else "device")) == "host"

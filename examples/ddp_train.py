@@ -48,20 +48,20 @@ def next_byte_loss(model, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=100)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--steps", type=int, default=100, help="training steps")
     parser.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
-    parser.add_argument("--context", type=int, default=64)
-    parser.add_argument("--d-model", type=int, default=128)
-    parser.add_argument("--n-layers", type=int, default=2)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--block-size", type=int, default=128)
-    parser.add_argument("--solver", default="auto")
-    parser.add_argument("--inv-root-freq", type=int, default=10)
+    parser.add_argument("--context", type=int, default=64, help="bytes per sequence")
+    parser.add_argument("--d-model", type=int, default=128, help="model width")
+    parser.add_argument("--n-layers", type=int, default=2, help="transformer blocks")
+    parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
+    parser.add_argument("--warmup", type=int, default=10, help="linear warm-up steps, then cosine decay")
+    parser.add_argument("--block-size", type=int, default=128, help="DASH block size")
+    parser.add_argument("--solver", default="auto", help="root solver")
+    parser.add_argument("--inv-root-freq", type=int, default=10, help="steps between inverse-root refreshes")
     parser.add_argument("--comm-dtype", choices=["float32", "bfloat16"], default="float32", help="dtype of the gathered directions")
-    parser.add_argument("--corpus-bytes", type=int, default=2_000_000)
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--corpus-bytes", type=int, default=2_000_000, help="bytes of standard-library source to read")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
 
     distributed = "RANK" in os.environ  # started by torchrun

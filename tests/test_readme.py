@@ -1,0 +1,120 @@
+"""The README's code runs as written, and every script's --help shows each default once.
+
+Each ```python block of README.md runs as a script of its own in a fresh subprocess, in a
+temporary directory (blocks write checkpoints). A block may be exempted only by the comment
+``<!-- not run: REASON -->`` on the line right before its opening fence, and at most two may
+be. Blocks that use torch.distributed start a one-process gloo group (MASTER_ADDR and
+MASTER_PORT from the environment, which the test sets to a free port).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOT_RUN = re.compile(r"^<!--\s*not run:\s*(?P<reason>.*?)\s*-->$")
+
+
+def readme_blocks() -> list[dict]:
+    """Every ```python block: its first line number, code, heading and not-run reason (or None)."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    blocks, heading, i = [], "", 0
+    while i < len(lines):
+        line = lines[i]
+        if re.match(r"^#{1,6} ", line):
+            heading = line.lstrip("#").strip()
+        if line.startswith("```"):  # a fence: find its end, keep it if it is python
+            end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
+            if line.strip() == "```python":
+                marker = NOT_RUN.match(lines[i - 1].strip()) if i else None
+                code = "\n".join(lines[i + 1:end]) + "\n"
+                blocks.append({"line": i + 2, "code": code, "heading": heading, "not_run": marker["reason"] if marker else None})
+            i = end
+        i += 1
+    return blocks
+
+
+BLOCKS = readme_blocks()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_readme_has_python_blocks_and_few_exceptions():
+    assert len(BLOCKS) >= 8, "README.md's python blocks were not found"
+    exempt = [b for b in BLOCKS if b["not_run"] is not None]
+    assert len(exempt) <= 2, f"at most 2 README blocks may be marked not run, found {[b['line'] for b in exempt]}"
+    assert all(b["not_run"] for b in exempt), "a not-run marker must say why"
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b["not_run"] is None], ids=lambda b: f"line{b['line']}")
+def test_readme_block_runs(block, tmp_path):
+    script = tmp_path / "block.py"
+    script.write_text(block["code"])
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(key, None)
+    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, f"README.md block at line {block['line']} ({block['heading']}) failed:\n{result.stderr[-3000:]}"
+    if block["heading"] == "Quick start":  # it prints the loss going down
+        losses = [float(x) for x in re.findall(r"loss (\d+\.\d+)", result.stdout)]
+        assert len(losses) >= 3, result.stdout
+        assert losses[-1] < 0.5 * losses[0], result.stdout
+
+
+def argparse_scripts() -> list[Path]:
+    scripts = sorted([*ROOT.glob("examples/*.py"), *ROOT.glob("benchmarks/*.py")])
+    return [p for p in scripts if not p.name.startswith(("test_", "conftest")) and "argparse.ArgumentParser" in p.read_text()]
+
+
+def option_entries(help_text: str) -> list[str]:
+    """The entries of the options section of an argparse --help, each joined onto one line."""
+    lines = help_text.splitlines()
+    start = lines.index("options:") + 1
+    entries = []
+    for line in lines[start:]:
+        if not line.strip():
+            break  # the section ends at a blank line (an epilog may follow)
+        if re.match(r"^  -", line):
+            entries.append(line.strip())
+        else:
+            entries[-1] += " " + line.strip()
+    return entries
+
+
+def test_every_script_help_shows_each_default_once():
+    """`--help` of every example and benchmark script exits 0, and each option names its
+    default exactly once: ArgumentDefaultsHelpFormatter's "(default: X)" and no other
+    "default" (a hand-written one would repeat it, or contradict it)."""
+    scripts = argparse_scripts()
+    names = {p.name for p in scripts}
+    assert {"train_lm.py", "quickstart.py", "cnn_digits.py", "compiled_step.py", "ddp_train.py", "step_bench.py"} <= names, names
+
+    def run(path):
+        return subprocess.run([sys.executable, str(path), "--help"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        results = dict(zip(scripts, pool.map(run, scripts)))
+    problems = []
+    for path, result in results.items():
+        name = path.relative_to(ROOT)
+        if result.returncode != 0:
+            problems.append(f"{name} --help exited {result.returncode}: {result.stderr[-500:]}")
+            continue
+        for entry in option_entries(result.stdout):
+            if entry.startswith("-h, --help"):
+                continue
+            if entry.count("(default:") != 1 or len(re.findall(r"\bdefault\b", entry, re.IGNORECASE)) != 1:
+                problems.append(f"{name}: {entry}")
+    assert not problems, "each option must show its default exactly once:\n" + "\n".join(problems)

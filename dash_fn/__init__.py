@@ -4,7 +4,7 @@
     params, state = dash_fn.step(params, grads, state, lr=lr)
 """
 
-from .checkpoint import load_state, save_state
+from .checkpoint import atomic_save, load_state, save_state
 from .config import DashConfig
 from .distributed.dcp import load_state_dict, state_dict
 from .optim import DASH
@@ -14,6 +14,6 @@ from .step import is_refresh_step, step
 
 __all__ = [
     "DashConfig", "init", "step", "is_refresh_step", "inverse_root", "start_vectors", "DASH",
-    "save_state", "load_state", "state_dict", "load_state_dict",
+    "save_state", "load_state", "atomic_save", "state_dict", "load_state_dict",
 ]
 __version__ = "0.1.0"

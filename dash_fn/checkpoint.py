@@ -119,7 +119,7 @@ def _state_from_dict(blob, device, params, config, copy: bool, where: str, place
     if config is not None:
         _check_config(saved_config, config, where)
     template = _template(saved_params, saved_config, device, placement, batch_dims)
-    tensors = _check_tensors(_per_factor_fallbacks(blob, template), template, where)
+    tensors = _check_tensors(_upgrade_version_1(blob, template), template, where)
     state = TensorDict({}, batch_size=[], device=device)
     for key, spec in template.items(include_nested=True, leaves_only=True):
         if key[0] in CONSTANTS:  # ("start_vectors", size)
@@ -166,12 +166,27 @@ def save_state(path, state: TensorDict) -> None:
     blob = state_to_dict(state)
     blob["tensors"] = {key: x.detach().cpu() for key, x in blob["tensors"].items()}
     blob["checksum"] = _checksum(blob)
+    atomic_save(blob, path)
+
+
+def atomic_save(obj, path) -> None:
+    """``torch.save(obj, path)`` that a crash cannot leave half-written under ``path``.
+
+    The bytes go to a temporary file beside ``path``, are flushed to the disk, and the file is
+    then renamed over ``path`` (an atomic step on POSIX file systems): a process killed at any
+    moment leaves either the previous file or the new one. A killed writer may leave its
+    temporary ``<path>.tmp-<pid>`` behind, never a partial ``path``. Use it for the adapter's
+    checkpoints too: ``dash_fn.atomic_save({"model": ..., "opt": opt.state_dict()}, path)``.
+    ``path`` may also be a binary file object, written as it is."""
     if not isinstance(path, (str, os.PathLike)):
-        torch.save(blob, path)
+        torch.save(obj, path)
         return
     temporary = f"{os.fspath(path)}.tmp-{os.getpid()}"
     try:
-        torch.save(blob, temporary)
+        with open(temporary, "wb") as file:
+            torch.save(obj, file)
+            file.flush()
+            os.fsync(file.fileno())
         os.replace(temporary, path)
     finally:
         if os.path.exists(temporary):
@@ -330,12 +345,14 @@ def _check_tensors(tensors, template: TensorDict, where: str) -> dict:
     return dict(tensors)
 
 
-def _per_factor_fallbacks(blob, template: TensorDict):
-    """The tensors of a version-1 dict with each stack's 0-d fallback count given to its first factor."""
+def _upgrade_version_1(blob, template: TensorDict):
+    """The tensors of a version-1 dict in today's layout: each stack's 0-d fallback count given
+    to its first factor, and a zero ``skipped`` counter (version 1 never skipped a step)."""
     tensors = blob.get("tensors")
     if blob.get("version") != 1 or not isinstance(tensors, Mapping):
         return tensors
     tensors = dict(tensors)
+    tensors.setdefault("skipped", torch.zeros((), dtype=torch.int64))
     for key, spec in template.items(include_nested=True, leaves_only=True):
         name = _join(key)
         old = tensors.get(name)

@@ -92,6 +92,11 @@ class DashConfig:
             (bitwise equal to it, one all-to-all each way) or "local" cuts them at shard edges
             (no communication, results depend on the world size) (8.4).
 
+    Robustness:
+        ``skip_nonfinite`` = True: a step whose gradients hold a NaN or Inf, or whose factor
+            products overflow, changes nothing (parameters, state, step counter) and is counted
+            in ``state["skipped"]``, decided on the device (7.5); False lets it through.
+
     ``DashConfig.paper()`` is the DASH paper's recommended setting (ndb, pim, roots every
     step, eps 0, one-sided Shampoo vectors); ``config.replace(**changes)`` returns a validated
     copy. Every field is validated in ``__post_init__``: an invalid value raises ``ValueError``
@@ -135,6 +140,7 @@ class DashConfig:
     adamw_eps: float = 1e-8
     comm_dtype: str | None = None  # distributed directions travel in the state dtype, or "bfloat16"
     fsdp_blocks: str = "exact"  # FSDP2 shards: blocks as in one process ("exact") or cut at shard edges ("local")
+    skip_nonfinite: bool = True  # a step with a NaN/Inf gradient (or an overflowing factor product) changes nothing
 
     def __post_init__(self) -> None:
         _check_int(self, "block_size", 1)
@@ -167,7 +173,7 @@ class DashConfig:
         _check_float(self, "beta_LR", 0.0, 1.0, "[0, 1]")
         if self.mu >= 1.0:
             raise ValueError(f"DashConfig.mu must be in [0, 1), got {self.mu!r}")
-        for name in ("cn_masking", "ndb_masking", "bias_correction", "nesterov"):
+        for name in ("cn_masking", "ndb_masking", "bias_correction", "nesterov", "skip_nonfinite"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"DashConfig.{name} must be a bool, got {getattr(self, name)!r}")
 

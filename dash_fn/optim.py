@@ -9,8 +9,11 @@ group ("0", "1", ...); errors use those names.
 
 The state of a group lives in ``optimizer.state[first parameter of the group]`` as
 ``{"dash": TensorDict, "step": int}``; ``step`` mirrors the state's device counter on the host,
-so that the eager path picks the refresh branch statically (no device read, and no
-``torch.cond``, whose eager dispatch traces its branches on first use).
+so that the eager path off the CPU picks the refresh branch statically (no device read, and no
+``torch.cond``, whose eager dispatch traces its branches on first use). A step skipped for
+non-finite gradients does not advance the device counter; on the CPU the mirror reads it back,
+elsewhere it counts attempts, so there the eager refresh schedule runs one step early after a
+skip (the compiled step decides on the device and has no such lag).
 """
 
 from __future__ import annotations
@@ -153,7 +156,10 @@ class DASH(torch.optim.Optimizer):
         skipped = {n for n, g in zip(names, grads) if g is None}
         kept = [x.clone() for x in owned_slices(state, skipped)]
         if self._compile is False:
-            new, state = functional_step(values, _grads_of(names, params), state, lr=lr, refresh=is_refresh_step(config, t + 1))
+            # on the CPU the step reads its counter itself (free); elsewhere the host's mirror
+            # picks the branch (no device read, no eager torch.cond)
+            refresh = None if state["step"].device.type == "cpu" else is_refresh_step(config, t + 1)
+            new, state = functional_step(values, _grads_of(names, params), state, lr=lr, refresh=refresh)
         else:
             lr = lr if isinstance(lr, torch.Tensor) else torch.full((), lr, dtype=torch.float64, device=state["step"].device)
             new, state = self._compiled()(values, _grads_of(names, params), state, lr=lr)
@@ -162,7 +168,11 @@ class DASH(torch.optim.Optimizer):
         for n, p in zip(names, params):
             if n not in skipped:
                 p.copy_(new[n])
-        self.state[params[0]] = {"dash": state, "step": t + 1}
+        self.state[params[0]] = {"dash": state, "step": int(state["step"]) if state["step"].device.type == "cpu" else t + 1}
+
+    def skipped_steps(self) -> list[int]:
+        """Per param group, the steps skipped because a gradient was not finite (a host read)."""
+        return [int(self.state[g["params"][0]]["dash"]["skipped"]) if self.state.get(g["params"][0]) else 0 for g in self.param_groups]
 
     def _compiled(self):
         if self._compiled_step is None:

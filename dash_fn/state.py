@@ -1,4 +1,4 @@
-"""``init``: the optimizer state as one TensorDict of stacked blocks (ALGORITHM.md 3.4)."""
+"""``init``: the optimizer state as one TensorDict of stacked blocks (docs/ALGORITHM.md 3.4)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ def init(params, config: DashConfig = DashConfig(), process_group=None, batch_di
     Layout (all tensors in the plan's dtype, on the params' device)::
 
         step                      int64 0-d, the number of steps taken
+        skipped                   int64 0-d, steps skipped for non-finite gradients (DashConfig.skip_nonfinite)
         groups/<g>/Gt, A, M       per block group (N, r, c): gradient EMA (if beta_G > 0),
                                   grafting moment, momentum (if mu > 0)
         factors/<k>/F, Fbar       per factor stack (K, b, b): factors and their inverse roots
@@ -147,7 +148,12 @@ def _layout(plan: Plan, config: DashConfig, device: torch.device) -> dict:
             "Fbar": eye.repeat(stack.count, 1, 1),  # roots start at I (contiguous even when empty)
             "fallbacks": torch.zeros(stack.count, dtype=torch.int64, device=device),
         }
-    layout = {"step": torch.zeros((), dtype=torch.int64, device=device), "groups": groups, "factors": factors}
+    layout = {
+        "step": torch.zeros((), dtype=torch.int64, device=device),
+        "skipped": torch.zeros((), dtype=torch.int64, device=device),
+        "groups": groups,
+        "factors": factors,
+    }
     if uses_start_vectors(config, resolve_solver(config, device)):
         sizes = sorted({stack.size for stack in plan.factors})
         layout["start_vectors"] = {str(b): start_vectors(b, config, plan.dtype, device) for b in sizes}

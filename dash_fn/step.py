@@ -11,6 +11,7 @@ import math
 import torch
 from tensordict import TensorDict
 
+from . import guard
 from .config import DashConfig
 from .distributed.fsdp import like, to_local
 from .inputs import check_step_inputs, flatten, order_like_plan, rebuild
@@ -71,66 +72,83 @@ def step(params, grads, state: TensorDict, *, lr, refresh: bool | None = None):
 
 def _apply(plan: Plan, shard, config: DashConfig, state: TensorDict, params, grads, lr, refresh) -> list[torch.Tensor]:
     """Steps b-h on this rank's blocks (``shard.local``), the directions brought to the
-    parameters' rows (:mod:`dash_fn.distributed`), then a and i on this rank's params."""
-    t = state["step"] + 1
-    state["step"].copy_(t)
+    parameters' rows (:mod:`dash_fn.distributed`), then a and i on this rank's params; under
+    the non-finite guard (:mod:`dash_fn.guard`) a step that is not all finite changes nothing."""
     local = shard.local
     blocks = shard.gradient_blocks(plan, grads)
-    grafting_moments, momenta = _accumulate(local, config, state, blocks, t)
+    products = [_factor_products(group, G) for group, G in zip(local.groups, blocks)]
+    ok = None
+    if config.skip_nonfinite:
+        ok = shard.all_ranks(guard.all_finite(grads, [X for sides in products for _, X in sides]))
+        state["skipped"].add_(~ok)
+        blocks = [guard.masked(ok, G, 0.0) for G in blocks]
+        products = [[(side, guard.masked(ok, X, -0.0)) for side, X in sides] for sides in products]
+        grads = [guard.masked(ok, g, 0.0) for g in grads]
+    t = state["step"] + 1
+    state["step"].copy_(guard.choose(ok, t, state["step"]))
+    grafting_moments, momenta = _accumulate(local, config, state, blocks, products, t, ok)
     s = config.start_prec_step
     if s != math.inf and refresh is not False:
-        _refresh(local, config, state, t, refresh)
+        _refresh(local, config, state, t, refresh, ok)
     directions = [
         _direction(local, config, state, g, G, A, t) for g, (G, A) in enumerate(zip(momenta, grafting_moments))
     ]
     if config.mu > 0:
-        directions = [_momentum(config, state["groups", str(g), "M"], P) for g, P in enumerate(directions)]
+        directions = [_momentum(config, state["groups", str(g), "M"], P, ok) for g, P in enumerate(directions)]
     comm_dtype = None if config.comm_dtype is None else getattr(torch, config.comm_dtype)
     updates = shard.parameter_updates(plan, directions, comm_dtype)
-    return _update_params(local, config, state, params, grads, updates, lr, t)
+    new = _update_params(local, config, state, params, grads, updates, lr, t, ok)
+    return [guard.choose(ok, x, W) if x is not W else W for x, W in zip(new, params)]
+
+
+def _factor_products(group, G: torch.Tensor) -> list:
+    """``(factor slice, G G^T)`` and, two-sided, ``(factor slice, G^T G)`` of a block stack."""
+    sides = [(group.left, stacked_matmul(G, G.mT))]
+    if group.right is not None:
+        sides.append((group.right, stacked_matmul(G.mT, G)))
+    return sides
 
 
 def _bias_correction(beta: float, t: torch.Tensor, dtype: torch.dtype):
     return 1 - beta ** t.to(dtype)
 
 
-def _accumulate(plan: Plan, config: DashConfig, state: TensorDict, blocks, t):
-    """Factor EMAs (b), grafting moments (c), gradient EMAs (e).
+def _accumulate(plan: Plan, config: DashConfig, state: TensorDict, blocks, products, t, ok):
+    """Factor EMAs (b), grafting moments (c), gradient EMAs (e); every decay gated by ``ok``.
 
     Returns per group ``(A, cA)`` and ``(Gt, cG)``: the moments and their bias corrections
     (None where there is none to apply)."""
+    dtype = plan.dtype
     moments, momenta = [], []
-    for g, (group, G) in enumerate(zip(plan.groups, blocks)):
+    for g, (group, G, sides) in enumerate(zip(plan.groups, blocks, products)):
         entry = state["groups", str(g)]
-        sides = [(group.left, stacked_matmul(G, G.mT))]
-        if group.right is not None:
-            sides.append((group.right, stacked_matmul(G.mT, G)))
         for side, X in sides:
             F = state["factors", str(side.stack), "F"][side.offset : side.offset + group.count]
             if config.beta_LR < 1:
-                F.mul_(config.beta_LR).add_(X, alpha=1 - config.beta_LR)
+                F.mul_(guard.gate(ok, config.beta_LR, dtype)).add_(X, alpha=1 - config.beta_LR)
             else:
                 F.add_(X)
         A = entry["A"]
         if config.grafting == "adam":
-            A.mul_(config.beta_graft).addcmul_(G, G, value=1 - config.beta_graft)
-            cA = _bias_correction(config.beta_graft, t, plan.dtype) if config.bias_correction else None
+            A.mul_(guard.gate(ok, config.beta_graft, dtype)).addcmul_(G, G, value=1 - config.beta_graft)
+            cA = _bias_correction(config.beta_graft, t, dtype) if config.bias_correction else None
         else:
             A.addcmul_(G, G)
             cA = None
         moments.append((A, cA))
         if config.beta_G > 0:
             Gt = entry["Gt"]
-            Gt.lerp_(G, 1 - config.beta_G)
-            cG = _bias_correction(config.beta_G, t, plan.dtype) if config.bias_correction else None
+            Gt.mul_(guard.gate(ok, config.beta_G, dtype)).add_(guard.masked(ok, G, -0.0), alpha=1 - config.beta_G)
+            cG = _bias_correction(config.beta_G, t, dtype) if config.bias_correction else None
             momenta.append((Gt, cG))
         else:
             momenta.append((G, None))
     return moments, momenta
 
 
-def _refresh(plan: Plan, config: DashConfig, state: TensorDict, t, refresh) -> None:
-    """Recompute every root stack (d), on the device-side schedule or the caller's flag."""
+def _refresh(plan: Plan, config: DashConfig, state: TensorDict, t, refresh, ok) -> None:
+    """Recompute every root stack (d), on the device-side schedule or the caller's flag
+    (never on a skipped step)."""
     F = [state["factors", str(k), "F"] for k in range(len(plan.factors))]
     Fbar = [state["factors", str(k), "Fbar"] for k in range(len(plan.factors))]
     V0 = [state["start_vectors", str(stack.size)] if "start_vectors" in state.keys() else None for stack in plan.factors]
@@ -151,6 +169,8 @@ def _refresh(plan: Plan, config: DashConfig, state: TensorDict, t, refresh) -> N
     if refresh is None:
         s, f = config.start_prec_step, config.inv_root_freq
         due = (t == s) | ((t > s) & (t % f == 0))
+        if ok is not None:
+            due = due & ok
         if torch.compiler.is_compiling() or due.device.type != "cpu":
             out = torch.cond(due, solve, keep, tuple(F) + tuple(Fbar))
         elif bool(due):  # eager on CPU: reading the counter costs nothing, an eager torch.cond seconds
@@ -160,8 +180,8 @@ def _refresh(plan: Plan, config: DashConfig, state: TensorDict, t, refresh) -> N
     else:
         out = solve(*F, *Fbar)
     for k in range(n):
-        Fbar[k].copy_(out[k])
-        state["factors", str(k), "fallbacks"].add_(out[n + k])
+        Fbar[k].copy_(guard.choose(ok, out[k], Fbar[k]) if refresh else out[k])
+        state["factors", str(k), "fallbacks"].add_(out[n + k] if ok is None or not refresh else out[n + k] & ok)
 
 
 def _block_norm(X: torch.Tensor) -> torch.Tensor:
@@ -191,16 +211,16 @@ def _direction(plan: Plan, config: DashConfig, state: TensorDict, g: int, moment
     return P if s == 1 else torch.where(t >= s, P, D)
 
 
-def _momentum(config: DashConfig, M: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
+def _momentum(config: DashConfig, M: torch.Tensor, P: torch.Tensor, ok) -> torch.Tensor:
     """Heavy-ball momentum (h): M <- mu M + P; Nesterov returns P + mu M."""
-    M.mul_(config.mu).add_(P)
+    M.mul_(guard.gate(ok, config.mu, M.dtype)).add_(guard.masked(ok, P, -0.0))
     return P + config.mu * M if config.nesterov else M.clone()
 
 
-def _update_params(plan: Plan, config: DashConfig, state: TensorDict, params, grads, updates, lr, t):
+def _update_params(plan: Plan, config: DashConfig, state: TensorDict, params, grads, updates, lr, t, ok):
     """Weight decay (a) and the update (i) for matrices; AdamW (j) for vectors (``plan``
     describes the tensors this rank holds)."""
-    adamw_dirs = _adamw_directions(plan, config, state, grads, t) if plan.adamw_numel else None
+    adamw_dirs = _adamw_directions(plan, config, state, grads, t, ok) if plan.adamw_numel else None
     out = []
     for p, W, update in zip(plan.params, params, updates):
         if p.kind == EMPTY or p.numel == 0:  # nothing of it on this rank
@@ -217,12 +237,12 @@ def _update_params(plan: Plan, config: DashConfig, state: TensorDict, params, gr
     return out
 
 
-def _adamw_directions(plan: Plan, config: DashConfig, state: TensorDict, grads, t) -> torch.Tensor:
+def _adamw_directions(plan: Plan, config: DashConfig, state: TensorDict, grads, t, ok) -> torch.Tensor:
     """Bias-corrected Adam direction of all AdamW vectors, in one flat buffer (j)."""
     g = torch.cat([x.reshape(-1) for p, x in zip(plan.params, grads) if p.kind == ADAMW]).to(plan.dtype)
     m, v = state["adamw", "m"], state["adamw", "v"]
     b1, b2 = config.adamw_beta1, config.adamw_beta2
-    m.lerp_(g, 1 - b1)
-    v.mul_(b2).addcmul_(g, g, value=1 - b2)
+    m.mul_(guard.gate(ok, b1, plan.dtype)).add_(guard.masked(ok, g, -0.0), alpha=1 - b1)
+    v.mul_(guard.gate(ok, b2, plan.dtype)).addcmul_(g, g, value=1 - b2)
     denom = v.sqrt() / _bias_correction(b2, t, plan.dtype).sqrt() + config.adamw_eps
     return m / denom / _bias_correction(b1, t, plan.dtype)

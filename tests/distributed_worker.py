@@ -39,6 +39,16 @@ SCENARIOS = {
     "moe": (lambda: mixed_params(shapes={"experts": (5, 20, 12), "b": (10,)}), dash_fn.DashConfig(block_size=8, solver="eigh", mu=0.5)),
 }
 BATCH_DIMS = {"moe": {"experts": 1}}  # five experts, each its own matrix
+SCENARIOS["skips"] = (lambda: mixed_params(), dash_fn.DashConfig(block_size=8, solver="eigh", inv_root_freq=2, mu=0.5))
+
+
+def overflow_one_block(grads):
+    """Only rect's first 8 x 8 block overflows its factor products: only its owner can tell."""
+    grads["rect"][:8, :8] *= 1e25
+    return grads
+
+
+FAULTS = {"skips": {4: overflow_one_block}}  # before step t, a spoiled step that every rank must skip
 
 
 def state_bytes(state) -> int:
@@ -46,10 +56,12 @@ def state_bytes(state) -> int:
     return sum(x.numel() * x.element_size() for x in tensors(state).values() if x.ndim)
 
 
-def run(params, config, process_group=None, steps=STEPS, compile_backend=None, batch_dims=None):
+def run(params, config, process_group=None, steps=STEPS, compile_backend=None, batch_dims=None, faults=None):
     state = dash_fn.init(params, config, process_group, batch_dims=batch_dims)
     step = dash_fn.step if compile_backend is None else torch.compile(dash_fn.step, fullgraph=True, backend=compile_backend)
     for t in range(1, steps + 1):
+        if t in (faults or {}):
+            params, state = step(params, faults[t](random_grads(params, 100 + t)), state, lr=1e-2 / t)
         params, state = step(params, random_grads(params, t), state, lr=1e-2 / t)
     return params, state
 
@@ -61,8 +73,9 @@ def main(rank: int, world_size: int, init_file: str, out: str) -> None:
     results = {}
     for name, (make_params, config) in SCENARIOS.items():
         single, single_state = run(make_params(), config, batch_dims=BATCH_DIMS.get(name))
-        sharded, sharded_state = run(make_params(), config, group, batch_dims=BATCH_DIMS.get(name))
+        sharded, sharded_state = run(make_params(), config, group, batch_dims=BATCH_DIMS.get(name), faults=FAULTS.get(name))
         results[name] = {
+            "skipped": int(sharded_state["skipped"]),
             "single": single,
             "sharded": sharded,
             "single_bytes": state_bytes(single_state),

@@ -54,13 +54,21 @@ def shard_of(full: torch.Tensor, mesh) -> torch.Tensor:
     return DTensor.from_local(full[lo:hi].clone(), mesh, (Shard(0),), run_check=False, shape=full.shape, stride=full.stride())
 
 
-def run_functional(config, mesh=None, steps=STEPS, compile_backend=None):
+def nan_in_last_rows(grads):
+    """A NaN in the last row of w: on the last rank's shard only."""
+    grads["w"][-1, 0] = float("nan")
+    return grads
+
+
+def run_functional(config, mesh=None, steps=STEPS, compile_backend=None, faults=None):
     params = full_params()
     if mesh is not None:
         params = {k: shard_of(v, mesh) for k, v in params.items()}
     state = dash_fn.init(params, config, batch_dims=BATCH_DIMS)
     step = dash_fn.step if compile_backend is None else torch.compile(dash_fn.step, fullgraph=True, backend=compile_backend)
     for t in range(1, steps + 1):
+        for grads in [faults[t](random_grads(full_params(), 100 + t))] if t in (faults or {}) else []:
+            params, state = step(params, {k: shard_of(v, mesh) for k, v in grads.items()}, state, lr=1e-2 / t)
         grads = random_grads(full_params(), t)
         if mesh is not None:
             grads = {k: shard_of(v, mesh) for k, v in grads.items()}
@@ -90,6 +98,9 @@ def equal_task(rank: int, world: int, out: str) -> None:
         params, state = run_functional(config, mesh)
         results[name] = {k: v.to_local() for k, v in params.items()}
         results[name + "_moved"] = state["shard"].exchanges
+    params, state = run_functional(SCENARIOS["eigh"], mesh, faults={5: nan_in_last_rows})
+    results["skips"] = {k: v.to_local() for k, v in params.items()}
+    results["skips_count"] = int(state["skipped"])
     local = SCENARIOS["eigh"].replace(fsdp_blocks="local")
     results["local"] = {k: v.to_local() for k, v in run_functional(local, mesh)[0].items()}
     results["local_oracle"] = local_oracle(local, rank, world)

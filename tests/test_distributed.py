@@ -110,7 +110,7 @@ def ranks(request, tmp_path_factory):
     return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(world_size)]
 
 
-SCENARIOS = ["eigh", "ndb", "one_dim_shampoo", "owns_nothing", "vectors_only", "uniform", "moe", "compiled"]
+SCENARIOS = ["eigh", "ndb", "one_dim_shampoo", "owns_nothing", "vectors_only", "uniform", "moe", "skips", "compiled"]
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -119,6 +119,12 @@ def test_every_rank_equals_one_process_bitwise(ranks, scenario):
         single, sharded = results[scenario]["single"], results[scenario]["sharded"]
         for name in single:
             assert torch.equal(sharded[name], single[name]), (rank, name)
+
+
+def test_every_rank_skips_a_step_that_overflows_on_one_rank(ranks):
+    """The "skips" scenario inserts a step whose only overflowing factor product is one block's;
+    the sharded run (every rank skipping it) equals the clean one-process run, bitwise."""
+    assert [results["skips"]["skipped"] for results in ranks] == [1] * len(ranks)
 
 
 def test_adapter_with_process_group_and_checkpoint_equals_one_process(ranks):

@@ -159,6 +159,15 @@ def test_every_rank_equals_one_process_bitwise(ranks, scenario):
         assert all(results[scenario + "_moved"] for results in ranks)  # rows did travel
 
 
+def test_every_rank_skips_a_nan_that_only_one_shard_holds(ranks):
+    """A NaN in the last rank's rows: every rank skips that step, and the run equals the clean
+    one-process run bitwise."""
+    single = fsdp_worker.run_functional(fsdp_worker.SCENARIOS["eigh"])[0]
+    assert [results["skips_count"] for results in ranks] == [1] * len(ranks)
+    for name, whole in single.items():
+        assert torch.equal(torch.cat([results["skips"][name] for results in ranks]), whole), name
+
+
 def test_compiled_adapter_under_fsdp2_equals_one_process(ranks):
     """DASH(compile=...) on fully_shard parameters: the compiled one-process run, bitwise."""
     reference = fsdp_worker.reference(compile={"backend": "aot_eager"})

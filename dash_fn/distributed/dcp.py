@@ -7,7 +7,7 @@ written per parameter and per block instead::
 
     {parameter name: {
         "shape", "dtype", "batch_dims"            the whole parameter's, checked on load
-        "step": int64 0-d,                        the step counter (equal for all parameters)
+        "step", "skipped": int64 0-d,             the step counter and the skipped steps (equal for all)
         "rows_<a>_<b>_cols_<c>_<d>": {            a block by the rows and columns it covers in
             "A", "Gt", "M": (r, c)                the parameter's 2-D view: grafting moment,
             "L", "Lbar", "L_fallbacks": (r, r), ()    gradient EMA, momentum (when kept),
@@ -46,7 +46,10 @@ def param_entries(state: TensorDict) -> dict[str, dict]:
     saves them without a copy and loads into them in place."""
     plan, shard = state["plan"], state["shard"]
     entries: dict[str, dict] = {
-        p.name: {"shape": list(p.shape), "dtype": str(p.dtype).removeprefix("torch."), "batch_dims": p.batch_dims, "step": state["step"]}
+        p.name: {
+            "shape": list(p.shape), "dtype": str(p.dtype).removeprefix("torch."), "batch_dims": p.batch_dims,
+            "step": state["step"], "skipped": state["skipped"],
+        }
         for p in plan.params
     }
     for i, row, col, g, pos in shard.block_origins(plan):
@@ -89,6 +92,7 @@ def load_param_entries(state: TensorDict, entries: Mapping, where: str = "load_s
             raise ValueError(f"{where}: parameter {name!r} is at step {int(t)} but {first!r} at {int(steps[first])}; one state steps them together")
     new = state.exclude("config", "plan", "shard").clone()
     copies = [(new["step"], steps[first])]  # (destination in the new state, source), all checked before any copy
+    copies.append((new["skipped"], _tensor(entries[first], "skipped", (), torch.int64, f"{where}: parameter {first!r}")))
     for i, row, col, g, pos in shard.block_origins(plan):
         name = plan.params[i].name
         key = _block_key(shard, i, row, col, g)

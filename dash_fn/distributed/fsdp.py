@@ -30,6 +30,7 @@ from typing import Sequence
 import torch
 
 from ..plan import ADAMW, EMPTY, SEGMENTS, ParamPlan, Plan, Region, gather, lay_out_factors, make_plan, matrix_view, scatter_param, stack_sizes
+from .gather import all_ranks
 from .ownership import band_owners, block_cost
 
 Rows = tuple[int, int]  # [lo, hi) rows of a parameter's 2-D view
@@ -56,6 +57,10 @@ class FsdpShard:
     owned_rows: tuple[tuple[Rows, ...], ...]
     exchanges: bool  # whether any rank sends any rows (else the step has no collective)
     kind = "fsdp"
+
+    def all_ranks(self, flag: torch.Tensor) -> torch.Tensor:
+        """Whether ``flag`` (0-d bool) holds on every rank: one all-reduce when W > 1."""
+        return all_ranks(flag, self.world_size, self.group_name)
 
     def owned_ranges(self, index: int) -> list[tuple[int, int, int]]:
         """``(group, start, stop)`` in this rank's stacks: the owned blocks of parameter ``index``."""

@@ -69,6 +69,10 @@ class Shard:
                 ranges.append((g, start - lo, stop - lo))
         return ranges
 
+    def all_ranks(self, flag: torch.Tensor) -> torch.Tensor:
+        """Whether ``flag`` (0-d bool) holds on every rank: one all-reduce when W > 1."""
+        return all_ranks(flag, self.world_size, self.group_name)
+
     def gradient_blocks(self, plan: Plan, grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """This rank's slice of every group's gradient block stack."""
         stacks = gather(plan, grads, plan.dtype)
@@ -96,6 +100,16 @@ def make_shard(plan: Plan, rank: int, world_size: int, group_name: str | None) -
     groups = lay_out_factors(owned)
     local = dataclasses.replace(plan, groups=groups, factors=stack_sizes(groups))
     return Shard(rank, world_size, group_name if world_size > 1 else None, counts, local)
+
+
+def all_ranks(flag: torch.Tensor, world_size: int, group_name: str | None) -> torch.Tensor:
+    """The logical AND of a 0-d bool over the ranks (a traceable functional all-reduce)."""
+    if world_size == 1:
+        return flag
+    import torch.distributed._functional_collectives as collectives
+
+    votes = collectives.wait_tensor(collectives.all_reduce(flag.to(torch.int32).reshape(1), "min", group_name))
+    return votes[0] > 0
 
 
 def gather_directions(shard: Shard, directions: Sequence[torch.Tensor], comm_dtype: torch.dtype | None) -> list[torch.Tensor]:

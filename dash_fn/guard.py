@@ -1,0 +1,50 @@
+"""The non-finite guard: a step whose gradients are not all finite changes nothing.
+
+A NaN or Inf anywhere in the gradients (an overflowing micro-batch, a bad sample), or a
+factor product ``G G^T`` that overflows, would enter the factor sums and the moments and
+spoil every later step. With ``DashConfig(skip_nonfinite=True)`` (the default) ``step``
+decides on the device, without a host sync, whether all of it is finite (``ok``, agreed by
+every rank), and a step that is not changes nothing: parameters, factors, roots, moments,
+momentum and the step counter keep their bits, and the state's ``skipped`` counter counts it.
+
+Nothing branches on ``ok``: the updates keep their in-place form and their inputs are
+replaced by identities when ``ok`` is false (decay factors by 1, added terms by -0.0, which
+leaves every float, -0.0 included, bitwise unchanged), and the new parameters are selected
+with ``torch.where``. With all inputs finite the arithmetic is the unguarded one, bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+def all_finite(grads: Sequence[torch.Tensor], products: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Whether every gradient entry is finite and no factor product overflowed (0-d bool).
+
+    A product ``G G^T`` of finite G overflows only where a row's sum of squares does, so its
+    diagonal tells (off-diagonal entries are bounded by the diagonal ones, Cauchy-Schwarz)."""
+    checks = [torch.isfinite(g).all() for g in grads if g.numel()]
+    checks += [torch.isfinite(X.diagonal(dim1=-2, dim2=-1)).all() for X in products if X.numel()]
+    if not checks:
+        device = grads[0].device if grads else None
+        return torch.ones((), dtype=torch.bool, device=device)
+    return torch.stack(checks).all()
+
+
+def gate(ok: torch.Tensor | None, factor: float, dtype: torch.dtype):
+    """A decay factor that is 1 when the step is skipped (``factor`` itself when unguarded)."""
+    if ok is None:
+        return factor
+    return torch.where(ok, torch.full((), factor, dtype=dtype, device=ok.device), torch.ones((), dtype=dtype, device=ok.device))
+
+
+def masked(ok: torch.Tensor | None, x: torch.Tensor, identity: float) -> torch.Tensor:
+    """``x``, or ``identity`` everywhere when the step is skipped."""
+    return x if ok is None else torch.where(ok, x, torch.full((), identity, dtype=x.dtype, device=x.device))
+
+
+def choose(ok: torch.Tensor | None, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    """``new`` when the step counts, else ``old``."""
+    return new if ok is None else torch.where(ok, new, old)

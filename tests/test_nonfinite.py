@@ -1,0 +1,103 @@
+"""The non-finite guard: a step with a NaN/Inf gradient, or an overflowing factor product, changes nothing."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import dash_fn
+from conftest import assert_equal_states, mixed_params, random_grads, tensors
+
+CONFIG = dash_fn.DashConfig(block_size=24, solver="eigh", inv_root_freq=2, mu=0.5, weight_decay=0.1)
+FAULTS = {  # what spoils one parameter's gradient
+    "nan": lambda g: g.index_put_((torch.tensor([0]),), torch.tensor(float("nan"))),
+    "inf": lambda g: g.fill_(-math.inf),
+    "overflowing product": lambda g: g.mul_(1e25),  # finite, but G G^T is 1e50 > float32's 3e38
+}
+
+
+def run(faulty_step=None, fault=None, step=dash_fn.step, config=CONFIG, steps=6):
+    """Steps 1..steps with deterministic gradients; ``faulty_step`` gets a spoiled gradient
+    inserted before it (so a skipping run takes steps + 1 calls)."""
+    params = mixed_params()
+    state = dash_fn.init(params, config)
+    for t in range(1, steps + 1):
+        if t == faulty_step:
+            bad = random_grads(params, 100)
+            FAULTS[fault](bad["rect"])
+            params, state = step(params, bad, state, lr=torch.tensor(1e-2))
+        params, state = step(params, random_grads(params, t), state, lr=torch.tensor(1e-2))
+    return params, state
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_a_bad_step_changes_nothing(fault):
+    """The run with a spoiled step inserted equals the run without it, bitwise."""
+    clean, clean_state = run()
+    params, state = run(faulty_step=3, fault=fault)
+    for name in clean:
+        assert torch.equal(params[name], clean[name]), name
+    assert int(state["skipped"]) == 1 and int(clean_state["skipped"]) == 0
+    state["skipped"].zero_()
+    assert_equal_states(state, clean_state)
+
+
+def test_the_skipped_step_itself_leaves_params_and_state_bitwise():
+    params = mixed_params()
+    state = dash_fn.init(params, CONFIG)
+    for t in range(1, 4):
+        params, state = dash_fn.step(params, random_grads(params, t), state, lr=1e-2)
+    before = {k: v.clone() for k, v in tensors(state).items()}
+    bad = random_grads(params, 4)
+    bad["square"][0, 0] = float("nan")
+    new, state = dash_fn.step(params, bad, state, lr=1e-2, refresh=True)  # even a forced refresh
+    for name in params:
+        assert torch.equal(new[name], params[name]), name
+    for key, value in tensors(state).items():
+        assert torch.equal(value, before[key] + (1 if key == "skipped" else 0)), key
+
+
+def test_compiled_step_skips_on_the_device_without_recompiling():
+    step = torch.compile(dash_fn.step, fullgraph=True, backend="aot_eager")
+    counters.clear()
+    clean, clean_state = run(step=step)
+    params, state = run(faulty_step=4, fault="nan", step=step)
+    assert counters["stats"]["unique_graphs"] == 1
+    for name in clean:
+        assert torch.equal(params[name], clean[name]), name
+    assert int(state["skipped"]) == 1
+
+
+def test_adapter_counts_skipped_steps():
+    values = mixed_params()
+    runs = []
+    for faulty in (None, 3):
+        params = {k: torch.nn.Parameter(v.clone()) for k, v in values.items()}
+        opt = dash_fn.DASH(params.values(), lr=1e-2, block_size=24, solver="eigh", inv_root_freq=2)
+        for t in range(1, 6):
+            if t == faulty:
+                for k, g in random_grads(values, 50).items():
+                    params[k].grad = g.fill_(math.inf) if k == "bias" else g
+                opt.step()
+            for k, g in random_grads(values, t).items():
+                params[k].grad = g
+            opt.step()
+        runs.append((params, opt.skipped_steps()))
+    (clean, clean_skips), (params, skips) = runs
+    assert clean_skips == [0] and skips == [1]
+    for name in clean:
+        assert torch.equal(params[name], clean[name]), name
+
+
+def test_guard_off_keeps_the_unguarded_behaviour_and_the_same_bits_on_finite_steps():
+    off = CONFIG.replace(skip_nonfinite=False)
+    guarded, _ = run()
+    unguarded, _ = run(config=off)
+    for name in guarded:
+        assert torch.equal(guarded[name], unguarded[name]), name  # identities: the same arithmetic
+    params, state = run(faulty_step=3, fault="nan", config=off)
+    assert not all(torch.isfinite(x).all() for x in tensors(state).values())  # NaN got in, as before
+    assert int(state["skipped"]) == 0

@@ -89,13 +89,19 @@ def plain_flops(plan) -> int:
     return sum(g.count * 4 * (g.rows**2 * g.cols + g.rows * g.cols**2) for g in plan.groups)
 
 
+def products_per_root(solver: str, p: int, config) -> int | None:
+    """b x b products of one inverse p-th root (p = 2 or 4): NDB runs log2(p) square-root
+    chains of 3 (T - 1) products (its last half-iterate skipped), coupled Newton
+    (log2(p) + 2)(T - 1), Chebyshev degree - 1 (Clenshaw); None for eigh."""
+    T, chains = config.newton_steps, {2: 1, 4: 2}[p]
+    return {"ndb": chains * 3 * (T - 1), "cn": (chains + 2) * (T - 1), "chebyshev": config.cheb_degree - 1}.get(solver)
+
+
 def solver_flops(plan, config) -> int | None:
     """Matmul FLOPs of one refresh of every root (None for eigh, which is no matmul chain)."""
-    T = config.newton_steps
-    per_b3 = {"ndb": 2 * (3 * T - 2), "cn": 4 * T - 4, "chebyshev": config.cheb_degree - 1}.get(config.solver)
-    if per_b3 is None:
+    if products_per_root(config.solver, 4, config) is None:
         return None
-    return sum(2 * per_b3 * f.count * f.size**3 for f in plan.factors)
+    return sum(2 * products_per_root(config.solver, f.order, config) * f.count * f.size**3 for f in plan.factors)
 
 
 def make_impls(shapes, config, device, compiled_variants: dict[str, dict]):

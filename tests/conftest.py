@@ -45,6 +45,13 @@ def assert_equal_states(got, want):
 
 
 @pytest.fixture(autouse=True)
+def _seeded():
+    """Every test starts from the same global RNG state: a draw without a generator repeats."""
+    torch.manual_seed(0)
+    yield
+
+
+@pytest.fixture(autouse=True)
 def _reset_dynamo():
     """Every test compiles from scratch: no recompile-limit or counter leakage between tests."""
     torch._dynamo.reset()

@@ -15,6 +15,14 @@ BAD = [
     ("cheb_eps", 0.0), ("scaling_const", -2.0), ("eps_graft", 0.0), ("adamw_eps", 0.0), ("beta_G", 1.0),
     ("beta_graft", -0.1), ("adamw_beta1", 1.0), ("adamw_beta2", 1.5), ("beta_LR", 1.01), ("mu", 1.0),
     ("weight_decay", -0.1), ("weight_decay_1d", "0.1"), ("cn_masking", 1), ("bias_correction", "yes"), ("nesterov", None),
+    ("eps_power_iter", -1e-6), ("ndb_tol", 0.0), ("ndb_masking", "no"), ("comm_dtype", "float16"), ("beta_LR", -0.1),
+    ("weight_decay_1d", -0.5), ("fsdp_blocks", "rows"), ("skip_nonfinite", 0),
+]
+# values at the edge of each range that must be accepted
+BOUNDARY = [
+    ("beta_LR", 1.0), ("beta_LR", 0.0), ("beta_G", 0.0), ("mu", 0.0), ("start_prec_step", math.inf), ("eps", 0.0),
+    ("weight_decay_1d", None), ("weight_decay_1d", 0.0), ("block_size", 1), ("newton_steps", 1), ("cheb_degree", 2),
+    ("comm_dtype", "bfloat16"), ("comm_dtype", None), ("scaling_dtype", "float64"), ("eps_power_iter", 0.0),
 ]
 
 
@@ -46,3 +54,17 @@ def test_frozen_and_hashable():
     with pytest.raises(Exception):
         c.block_size = 3
     assert hash(c) == hash(dash_fn.DashConfig())
+
+
+def test_every_field_has_a_bad_value_case():
+    """Generated from dataclasses.fields: a field added without a validation case fails here."""
+    import dataclasses
+
+    covered = {field for field, _ in BAD}
+    missing = [f.name for f in dataclasses.fields(dash_fn.DashConfig) if f.name not in covered]
+    assert not missing, f"DashConfig fields without a bad-value case in BAD: {missing}"
+
+
+@pytest.mark.parametrize("field, value", BOUNDARY, ids=[f"{f}={v!r}" for f, v in BOUNDARY])
+def test_boundary_values_are_accepted(field, value):
+    assert getattr(dash_fn.DashConfig(**{field: value}), field) == value

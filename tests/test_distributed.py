@@ -35,6 +35,17 @@ def test_cost_balance_llama_953m_w8():
     assert sum(loads) == sum(stack.count * stack.size**3 for stack in plan.factors)
 
 
+def test_extra_blocks_go_to_the_least_loaded_ranks():
+    """One 64-block then one 8-block over 2 ranks: the big one to rank 0 (a tie), the small one
+    to rank 1, the less loaded (handing extras to the lowest ranks would give rank 0 both)."""
+    plan = make_plan([("a", (64, 64), torch.float32), ("b", (8, 8), torch.float32)], 64, "adamw")
+    counts = ownership(plan, 2)
+    assert counts == ((1, 0), (0, 1))
+    assert rank_loads(plan, counts) == [2 * 64**3, 2 * 8**3]
+    three = ownership(make_plan([("a", (64, 64), torch.float32)] * 1 + [("b", (32, 32), torch.float32), ("c", (8, 8), torch.float32)], 64, "adamw"), 3)
+    assert three == ((1, 0, 0), (0, 1, 0), (0, 0, 1))
+
+
 @pytest.mark.parametrize("world_size", [1, 2, 3, 8, 40])
 def test_ownership_partitions_every_group(world_size):
     plan = make_plan([(n, tuple(x.shape), x.dtype) for n, x in mixed_params().items()], 24, "shampoo")

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dash_fn
-from conftest import mixed_params, random_grads
+from conftest import mixed_params
 
 
 def finite_state(state):

@@ -147,6 +147,19 @@ def test_scaling_dtype_float64_for_float32_blocks():
     torch.testing.assert_close(s.double(), expected, rtol=1e-7, atol=0)
 
 
+def test_scaling_dtype_float64_is_the_float64_computation_bitwise():
+    """float64 scaling of float32 blocks = the float64 computation on the same inputs, rounded
+    once at the end; and it differs from the float32 path (so the option is not ignored)."""
+    X = spd_stack(4, 16, 1e4, torch.float32)
+    for scaling in ("pi", "pim", "fro"):
+        wide, narrow = DashConfig(scaling=scaling, scaling_dtype="float64"), DashConfig(scaling=scaling)
+        V0 = start_vectors(16, wide)  # float32, as the step stores them
+        s = matrix_scale(X, wide, V0)
+        assert torch.equal(s, matrix_scale(X.double(), narrow, V0.double()).float()), scaling
+        if scaling != "fro":  # 10 power iterations round differently in float32 (one norm may not)
+            assert not torch.equal(s, matrix_scale(X, narrow, V0)), scaling
+
+
 def test_power_iteration_needs_start_vectors():
     with pytest.raises(ValueError, match="start vectors"):
         matrix_scale(torch.eye(4)[None], DashConfig(scaling="pim"), None)

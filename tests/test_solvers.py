@@ -23,6 +23,7 @@ import dash_fn
 from conftest import mixed_params, random_grads
 from dash_fn import DashConfig, start_vectors
 from dash_fn.roots import SOLVERS, inverse_root, refresh_roots, resolve_solver
+from dash_fn.roots.eigh import eigh_inverse_root
 from dash_fn.roots.chebyshev import clenshaw, fit_coefficients
 from dash_fn.roots.cn import coupled_newton
 from dash_fn.roots.ndb import denman_beavers, ndb_root
@@ -625,3 +626,22 @@ def test_step_runs_without_nan(solver, scaling, matmul_dtype):
     for eps in (0.0, 1e-10):
         new, zero_state = dash_fn.step(start, zeros, dash_fn.init(start, config.replace(eps=eps)), lr=0.01, refresh=True)
         assert all(torch.equal(new[k], start[k]) for k in start) and _finite_state(zero_state), eps
+
+
+@pytest.mark.parametrize("heuristic", ["shampoo", "abs", "abs_add", "relu"])
+def test_eigh_heuristics_on_an_indefinite_block_follow_their_closed_forms(heuristic):
+    """docs/ALGORITHM.md 5.1 on X with eigenvalues of both signs, against float64 formulas on
+    the eigenvalues lambda of X (mu = lambda + eps)."""
+    eps, p = 1e-3, 4
+    gen = torch.Generator().manual_seed(3)
+    Q, _ = torch.linalg.qr(torch.randn(8, 8, generator=gen, dtype=f64))
+    lam = torch.tensor([-0.5, -0.1, -1e-4, 0.0, 1e-4, 0.2, 1.0, 3.0], dtype=f64)
+    X = Q @ torch.diag(lam) @ Q.T
+    mu = lam + eps
+    d = {"shampoo": mu - min(float(lam.min()), 0.0), "abs": mu.abs(), "abs_add": lam.abs() + eps, "relu": mu}[heuristic]
+    scale = d ** (-1.0 / p)
+    if heuristic == "relu":
+        scale = torch.where(lam < eps, torch.zeros_like(scale), scale)
+    expected = Q @ torch.diag(scale) @ Q.T
+    got = eigh_inverse_root(X[None], p, eps=eps, heuristic=heuristic)[0]
+    torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-9)

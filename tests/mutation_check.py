@@ -1,0 +1,153 @@
+"""Does the test suite fail when the math is wrong? A fixed list of plausible one-line bugs.
+
+    python tests/mutation_check.py            # every mutation (a few minutes on 2 cores)
+    python tests/mutation_check.py -k ndb     # the mutations whose name contains "ndb"
+
+Each mutation replaces one exact line fragment in a temporary copy of the repository and runs
+the tests that guard that code there (pytest -x); it is *caught* when they fail. The script
+prints a table and exits non-zero if any mutation survives or no longer applies (its text
+must occur exactly once, so that a refactor cannot silently retire it). A new option brings
+its mutation here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]  # pytest arguments: files and -k expressions
+
+
+MUTATIONS = [
+    Mutation("step: vectors under one-sided Shampoo decay with weight_decay", "dash_fn/step.py",
+             "decay = config.vector_decay if p.kind == SEGMENTS else config.weight_decay", "decay = config.weight_decay",
+             ("tests/test_reference_agreement.py", "-k", "two-decays")),
+    Mutation("step: no bias correction of the gradient EMA", "dash_fn/step.py",
+             "first = Gt if cG is None else Gt / cG", "first = Gt", ("tests/test_adam_oracle.py",)),
+    Mutation("step: eps_graft dropped from the Adam direction", "dash_fn/step.py",
+             "D = first / (denom + config.eps_graft)", "D = first / denom", ("tests/test_reference_agreement.py", "-k", "tiny")),
+    Mutation("step: step counter off by one", "dash_fn/step.py",
+             't = state["step"] + 1', 't = state["step"] + 2', ("tests/test_adam_oracle.py",)),
+    Mutation("step: no grafting onto the Adam norm", "dash_fn/step.py",
+             "P = U * (graft / (_block_norm(U) + 1e-16))", "P = U", ("tests/test_grafting.py",)),
+    Mutation("step: factor EMA weights swapped", "dash_fn/step.py",
+             ".add_(X, alpha=1 - config.beta_LR)", ".add_(X, alpha=config.beta_LR)",
+             ("tests/test_reference_agreement.py", "-k", "default-eigh and B8")),
+    Mutation("step: left root not applied", "dash_fn/step.py",
+             "U = stacked_matmul(left, Gt)", "U = Gt", ("tests/test_reference_agreement.py", "-k", "default-eigh and B8")),
+    Mutation("step: Nesterov ignored", "dash_fn/step.py",
+             "return P + config.mu * M if config.nesterov else M.clone()", "return M.clone()",
+             ("tests/test_reference_agreement.py", "-k", "freq3 and B8")),
+    Mutation("step: AdamW vectors without the second-moment bias correction", "dash_fn/step.py",
+             "denom = v.sqrt() / _bias_correction(b2, t, plan.dtype).sqrt() + config.adamw_eps", "denom = v.sqrt() + config.adamw_eps",
+             ("tests/test_adam_oracle.py",)),
+    Mutation("step: refresh on every multiple of the frequency only", "dash_fn/step.py",
+             "due = (t == s) | ((t > s) & (t % f == 0))", "due = t % f == 0", ("tests/test_schedule.py",)),
+    Mutation("guard: grafting moment decays on a skipped step", "dash_fn/step.py",
+             "A.mul_(guard.gate(ok, config.beta_graft, dtype))", "A.mul_(config.beta_graft)", ("tests/test_nonfinite.py",)),
+    Mutation("guard: step counter advances on a skipped step", "dash_fn/step.py",
+             'state["step"].copy_(guard.choose(ok, t, state["step"]))', 'state["step"].copy_(t)', ("tests/test_nonfinite.py",)),
+    Mutation("eigh: the abs heuristic without the absolute value", "dash_fn/roots/eigh.py",
+             "        d = mu.abs()", "        d = mu", ("tests/test_solvers.py", "-k", "indefinite")),
+    Mutation("eigh: the abs heuristic on lambda, without eps", "dash_fn/roots/eigh.py",
+             "        d = mu.abs()", "        d = lam.abs()", ("tests/test_reference_agreement.py", "-k", "abs-heuristic")),
+    Mutation("ndb: a wrong Newton-Schulz coefficient", "dash_fn/roots/ndb.py",
+             "E = 1.5 * identity - 0.5 * ZY", "E = 1.5 * identity - 0.45 * ZY", ("tests/test_solvers.py", "-k", "ndb")),
+    Mutation("chebyshev: the scale's root not divided out", "dash_fn/roots/chebyshev.py",
+             "return flag_diverged(q / root(s, p), extrapolated)", "return flag_diverged(q, extrapolated)",
+             ("tests/test_reference_agreement.py", "-k", "chebyshev")),
+    Mutation("eigh: inverse square root instead of the p-th", "dash_fn/roots/eigh.py",
+             "scale = 1 / root(d, p)", "scale = 1 / root(d, 2)", ("tests/test_solvers.py", "-k", "eigh")),
+    Mutation("scaling: scaling_dtype ignored", "dash_fn/roots/scaling.py",
+             "dtype = torch.promote_types(X.dtype, getattr(torch, config.scaling_dtype))", "dtype = X.dtype",
+             ("tests/test_scaling.py", "-k", "scaling_dtype")),
+    Mutation("scaling: pim takes the mean estimate, not the largest", "dash_fn/roots/scaling.py",
+             "estimates.amax(dim=-1)[:, None, None]", "estimates.mean(dim=-1)[:, None, None]", ("tests/test_scaling.py",)),
+    Mutation("config: eps_power_iter not validated", "dash_fn/config.py",
+             'for name in ("eps", "eps_power_iter", "weight_decay", "mu"):', 'for name in ("eps", "weight_decay", "mu"):',
+             ("tests/test_config.py",)),
+    Mutation("config: comm_dtype not validated", "dash_fn/config.py",
+             '_check_choice(self, "comm_dtype", (None, "bfloat16"))', "pass", ("tests/test_config.py",)),
+    Mutation("plan: blocks cut column-major", "dash_fn/plan.py",
+             "return sub.reshape(region.n_rows, r, region.n_cols, c).permute(0, 2, 1, 3).reshape(region.count, r, c)",
+             "return sub.reshape(region.n_rows, r, region.n_cols, c).permute(2, 0, 1, 3).reshape(region.count, r, c)",
+             ("tests/test_plan.py",)),
+    Mutation("plan: experts not blocked apart", "dash_fn/plan.py",
+             "rows = R // count  # of each matrix", "rows = R  # of each matrix", ("tests/test_batch_dims.py",)),
+    Mutation("ownership: extra blocks to the lowest ranks", "dash_fn/distributed/ownership.py",
+             "extra = set(sorted(range(world_size), key=lambda k: (load[k], k))[:e])", "extra = set(range(e))",
+             ("tests/test_distributed.py", "-k", "least_loaded or balance")),
+    Mutation("fsdp: straddling bands by load only", "dash_fn/distributed/ownership.py",
+             "key=lambda k: (-held[k], load[k], k)", "key=lambda k: (load[k], k)", ("tests/test_fsdp.py", "-k", "prefer")),
+    Mutation("fsdp: shard rows as if dim 0 had the view's rows", "dash_fn/distributed/fsdp.py",
+             "rows.append((lo * per_d0 // C, hi * per_d0 // C) if numel else (0, 0))", "rows.append((lo, hi) if numel else (0, 0))",
+             ("tests/test_fsdp.py", "-k", "torch_chunk")),
+    Mutation("checkpoint: checksum not verified", "dash_fn/checkpoint.py",
+             'if blob["checksum"] != _checksum(blob, where):', "if False:", ("tests/test_checkpoint.py", "-k", "damaged")),
+    Mutation("dcp: another step counter accepted per parameter", "dash_fn/distributed/dcp.py",
+             "if not torch.equal(t, steps[first]):", "if False:", ("tests/test_checkpoint.py", "-k", "bad_entries")),
+    Mutation("optim: a parameter without grad loses its state", "dash_fn/optim.py",
+             "            view.copy_(old)", "            pass", ("tests/test_optim.py", "-k", "grad_none")),
+    Mutation("optim: unknown param-group keys accepted", "dash_fn/optim.py",
+             "unknown = sorted(set(param_group) - set(GROUP_KEYS))", "unknown = []", ("tests/test_optim.py", "-k", "strict")),
+]
+
+
+def run(mutation: Mutation, workdir: str) -> tuple[str, float]:
+    """'caught', 'SURVIVED' or 'stale' (its text is not in the file exactly once)."""
+    path = os.path.join(workdir, mutation.path)
+    with open(path) as f:
+        original = f.read()
+    if original.count(mutation.old) != 1:
+        return "stale", 0.0
+    with open(path, "w") as f:
+        f.write(original.replace(mutation.old, mutation.new))
+    start = time.perf_counter()
+    try:
+        env = {**os.environ, "PYTHONPATH": workdir + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mutation.tests],
+            cwd=workdir, env=env, capture_output=True, text=True, timeout=1200,
+        )
+    finally:
+        with open(path, "w") as f:
+            f.write(original)
+    return ("caught" if result.returncode == 1 else "SURVIVED" if result.returncode == 0 else f"error {result.returncode}"), time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("-k", default="", help="run only the mutations whose name contains this text")
+    args = parser.parse_args(argv)
+    chosen = [m for m in MUTATIONS if args.k in m.name]
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = os.path.join(tmp, "repo")
+        shutil.copytree(ROOT, workdir, ignore=shutil.ignore_patterns(".git", ".venv", "__pycache__", ".cache", "runs", "*.egg-info"))
+        print("| mutation | file | tests | result | s |\n|---|---|---|---|---|")
+        results = []
+        for mutation in chosen:
+            outcome, seconds = run(mutation, workdir)
+            results.append(outcome)
+            print(f"| {mutation.name} | {mutation.path} | {' '.join(mutation.tests)} | {outcome} | {seconds:.0f} |", flush=True)
+    caught = results.count("caught")
+    print(f"\n{caught} of {len(results)} mutations caught")
+    return 0 if caught == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,7 +7,8 @@
 **Measured.** For each W, W gloo processes on this machine hold every parameter of the
 Llama-like layer of step_bench.py (4 x (d, d), (4d, d), (d, 4d)) as a ``Shard(0)`` DTensor, the
 split ``fully_shard`` makes (built without communication, as tests/fsdp_worker.py does), and run
-the eager ``dash_fn.step`` in both ``fsdp_blocks`` modes. ``exact`` cuts blocks as one process
+the eager ``dash_fn.step`` in both ``fsdp_blocks`` modes (their steps alternate, so that a
+change in the machine's load hits both alike). ``exact`` cuts blocks as one process
 does: a band (one block-row) that straddles two ranks' shards is owned by one of them, and each
 step moves the missing gradient rows to it and its direction rows back (one all-to-all each
 way). ``local`` cuts blocks at shard edges and moves nothing. Printed per (d_model, W, mode):
@@ -213,25 +214,31 @@ def worker(rank: int, world_size: int, args, d_model: int, init_file: str, out: 
     gen = torch.Generator().manual_seed(0)
     full = {name: torch.randn(shape, generator=gen) for name, shape in layer_shapes(d_model).items()}
     grads = {name: shard_of(torch.randn(x.shape, generator=gen), mesh) for name, x in full.items()}
-    results = {}
+    runs = {}
     for mode in MODES:
         params = {name: shard_of(x, mesh) for name, x in full.items()}
         config = dash_fn.DashConfig(block_size=args.block_size, solver=args.solver, fsdp_blocks=mode)
-        state = dash_fn.init(params, config)
-        times = {"plain": [], "refresh": []}
-        for rep in range(args.reps + 1):
+        runs[mode] = [params, dash_fn.init(params, config)]
+    times = {(mode, kind): [] for mode in MODES for kind in ("plain", "refresh")}
+    for rep in range(args.reps + 1):  # the modes alternate, so that a change of load hits both
+        for mode in MODES:
             for kind in ("refresh", "plain"):
+                params, state = runs[mode]
                 dist.barrier()
                 start = time.perf_counter()
-                params, state = dash_fn.step(params, grads, state, lr=1e-3, refresh=kind == "refresh")
+                runs[mode] = dash_fn.step(params, grads, state, lr=1e-3, refresh=kind == "refresh")
                 if rep:  # the first round warms up
-                    times[kind].append(time.perf_counter() - start)
+                    times[mode, kind].append(time.perf_counter() - start)
+    results = {}
+    for mode in MODES:
+        params, state = runs[mode]
         dist.barrier()
         with CountingAllToAll() as counter:  # one more step, to check the bytes it sends
             params, state = dash_fn.step(params, grads, state, lr=1e-3, refresh=False)
         shard, plan = state["shard"], state["plan"]
-        result = {kind: statistics.median(t) for kind, t in times.items()}
-        result.update(
+        results[mode] = dict(
+            plain=statistics.median(times[mode, "plain"]),
+            refresh=statistics.median(times[mode, "refresh"]),
             bytes=state_bytes(state),
             params=sum(x.numel() for x in full.values()),
             cost=root_cost(shard.local) / root_cost(plan),
@@ -241,7 +248,6 @@ def worker(rank: int, world_size: int, args, d_model: int, init_file: str, out: 
             calls=counter.calls,
             straddling=straddling_bands(plan, shard.rows) if mode == "exact" else 0,
         )
-        results[mode] = result
     torch.save(results, os.path.join(out, f"rank{rank}.pt"))
     dist.barrier()
     dist.destroy_process_group()

@@ -7,13 +7,17 @@ applies the update; the whole train step compiles with ``fullgraph=True``. The l
 changes every step (warm-up then cosine) and is passed as a 0-d tensor, so it never recompiles.
 Roots refresh every ``--inv-root-freq`` steps, decided on the device (``torch.cond``: one graph)
 or, with ``--refresh host`` (the default on CUDA, where the step runs under CUDA graphs with
-``mode="reduce-overhead"``), by a flag from the host (two graphs).
+``mode="reduce-overhead"``), by a flag from the host (two graphs). ``--deterministic`` (the
+default) turns on ``torch.use_deterministic_algorithms``: without it Inductor's CPU code sums the
+embedding gradient with atomic adds from several threads, and runs differ in the last bits
+(benchmarks/RESULTS.md, issue 13).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import time
 
 import torch
@@ -52,6 +56,14 @@ def lr_at(t: int, steps: int, peak: float, warmup: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
+    previous = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        _main(argv)
+    finally:  # --deterministic sets a process-wide flag: leave it as found
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+
+
+def _main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--steps", type=int, default=40, help="training steps")
     parser.add_argument("--solver", default="eigh", help="root solver")
@@ -62,7 +74,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--refresh", choices=["device", "host"], default=None, help="where the refresh decision is taken; when not given: host if --device is cuda, else device")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     parser.add_argument("--d-model", type=int, default=128, help="model width")
+    parser.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=True, help="torch.use_deterministic_algorithms (no measurable cost on CPU)")
     args = parser.parse_args(argv)
+    if args.deterministic:  # warn_only off the CPU: there it is untested (no GPU was available)
+        if args.device.startswith("cuda"):
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=args.device != "cpu")
     device = torch.device(args.device)
     host_refresh = (args.refresh or ("host" if device.type == "cuda" else "device")) == "host"
     compile_kwargs = {"backend": args.backend}

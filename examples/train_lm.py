@@ -83,6 +83,8 @@ class Optimizer:
         else:
             solver = name.partition("-")[2] or "auto"
             config = dash_fn.DashConfig(block_size=args.block_size, solver=solver, inv_root_freq=args.inv_root_freq, weight_decay=args.weight_decay)
+            if args.eps is not None:
+                config = config.replace(eps=args.eps)
             self.state = dash_fn.init(params, config, batch_dims=expert_weights(params))
             self.step = torch.compile(dash_fn.step, fullgraph=True, backend=args.backend) if args.backend != "none" else dash_fn.step
 
@@ -103,9 +105,10 @@ def evaluate(loss_fn, params, data, args, seed) -> float:
     return sum(losses) / len(losses)
 
 
-def train(name: str, peak_lr: float, seed: int, loss_fn, grad_fn, init_params: dict, corpus, args, progress) -> dict:
+def train(name: str, peak_lr: float, seed: int, loss_fn, grad_fn, init_params: dict, corpus, args, progress, final: dict | None = None) -> dict:
     """One run. Wall time counts the train steps after the first (which compiles; its time is
-    logged apart as compile_s), not the evaluations."""
+    logged apart as compile_s), not the evaluations. ``final``, if given, receives the final
+    parameters under the run's key ``OPTIMIZER@LR seed S``."""
     train_data, val_data = corpus
     params = {k: v.clone() for k, v in init_params.items()}
     opt = Optimizer(name, params, args)
@@ -132,6 +135,8 @@ def train(name: str, peak_lr: float, seed: int, loss_fn, grad_fn, init_params: d
             log["val_loss"].append(evaluate(loss_fn, params, val_data, args, seed))
             log["val_wall"].append(wall)
         bar.set_postfix(loss=f"{loss:.3f}", val=f"{log['val_loss'][-1]:.3f}" if log["val_loss"] else "-", ms=f"{1e3 * wall / max(1, t - 1):.0f}")
+    if final is not None:
+        final[f"{name}@{peak_lr:g} seed {seed}"] = {k: v.detach().cpu().clone() for k, v in params.items()}
     return log
 
 
@@ -195,6 +200,14 @@ def plot(logs: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    previous = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        _main(argv)
+    finally:  # --deterministic sets a process-wide flag: leave it as found
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+
+
+def _main(argv: list[str] | None = None) -> None:
     class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
         """Each option's default, and the docstring (the epilog) as written."""
 
@@ -221,8 +234,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     parser.add_argument("--out", default="runs/train_lm", help="directory for log.json, loss.png and summary.md")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=True, help="torch.use_deterministic_algorithms: without it Inductor's CPU code sums the embedding gradient with atomic adds from several OpenMP threads, in an order that changes from run to run (no measurable cost on CPU: benchmarks/RESULTS.md, issue 13)")
+    parser.add_argument("--eps", type=float, default=None, help="DASH's eps (X + eps I is inverted) for every dash run; None keeps each run's config value (DashConfig's 1e-10)")
+    parser.add_argument("--save-params", metavar="PATH", help="torch.save the final parameters of every run, {'OPTIMIZER@LR seed S': {name: tensor}}")
     args = parser.parse_args(argv)
     runs = [parse_run(spec) for spec in args.runs]
+    if args.deterministic:  # warn_only off the CPU: there it is untested (no GPU was available)
+        if args.device.startswith("cuda"):
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=args.device != "cpu")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     corpus = file_corpus(args.data) if args.data else stdlib_corpus(args.corpus_bytes)
@@ -237,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
     grad_fn = torch.func.grad_and_value(loss_fn)
     if args.backend != "none":  # compiled once, shared by every run
         grad_fn = torch.compile(grad_fn, fullgraph=True, backend=args.backend)
-    logs = []
+    logs, final = [], {}
     for seed in args.seeds:
         torch.manual_seed(seed)
         for module in model.modules():  # a fresh initialization per seed, shared by every optimizer
@@ -246,8 +266,10 @@ def main(argv: list[str] | None = None) -> None:
         init_params = {k: v.detach().clone() for k, v in model.named_parameters()}
         print(f"seed {seed}: {sum(v.numel() for v in init_params.values()):,} parameters")
         for name, lr in runs:
-            logs.append(train(name, lr, seed, loss_fn, grad_fn, init_params, corpus, args, progress))
+            logs.append(train(name, lr, seed, loss_fn, grad_fn, init_params, corpus, args, progress, final if args.save_params else None))
             (out / "log.json").write_text(json.dumps({"args": vars(args), "runs": logs}))
+    if args.save_params:
+        torch.save(final, args.save_params)
     summary = summarize(logs, args)
     (out / "summary.md").write_text(summary + "\n")
     plot(logs, out / "loss.png")

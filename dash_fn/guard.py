@@ -7,10 +7,12 @@ decides on the device, without a host sync, whether all of it is finite (``ok``,
 every rank), and a step that is not changes nothing: parameters, factors, roots, moments,
 momentum and the step counter keep their bits, and the state's ``skipped`` counter counts it.
 
-Nothing branches on ``ok``: the updates keep their in-place form and their inputs are
-replaced by identities when ``ok`` is false (decay factors by 1, added terms by -0.0, which
-leaves every float, -0.0 included, bitwise unchanged), and the new parameters are selected
-with ``torch.where``. With all inputs finite the arithmetic is the unguarded one, bit for bit.
+Compiled, or on an accelerator, nothing branches on ``ok``: the updates keep their in-place
+form and their inputs are replaced by identities when ``ok`` is false (decay factors by 1,
+added terms by -0.0, which leaves every float, -0.0 included, bitwise unchanged), and the new
+parameters are selected with ``torch.where``. Eager on the CPU, where reading ``ok`` costs
+nothing, the step branches instead and saves those passes. Either way, with all inputs finite
+the arithmetic is the unguarded one, bit for bit.
 """
 
 from __future__ import annotations
@@ -20,17 +22,25 @@ from typing import Sequence
 import torch
 
 
-def all_finite(grads: Sequence[torch.Tensor], products: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Whether every gradient entry is finite and no factor product overflowed (0-d bool).
+def all_finite(vectors: Sequence[torch.Tensor], products: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Whether the AdamW ``vectors``' gradients and every factor product are finite (0-d bool).
 
-    A product ``G G^T`` of finite G overflows only where a row's sum of squares does, so its
-    diagonal tells (off-diagonal entries are bounded by the diagonal ones, Cauchy-Schwarz)."""
-    checks = [torch.isfinite(g).all() for g in grads if g.numel()]
+    Every entry of a block G enters the diagonal of its left product G G^T as a square (row
+    sums of squares), so a NaN or Inf in G, or a row whose sum of squares overflows, shows
+    there, and a column's in G^T G; off-diagonal entries are bounded by the diagonal ones
+    (Cauchy-Schwarz). So the diagonals are all that is read of the block gradients."""
+    checks = [torch.isfinite(g).all() for g in vectors if g.numel()]
     checks += [torch.isfinite(X.diagonal(dim1=-2, dim2=-1)).all() for X in products if X.numel()]
     if not checks:
-        device = grads[0].device if grads else None
+        device = next((x.device for x in [*vectors, *products]), None)
         return torch.ones((), dtype=torch.bool, device=device)
     return torch.stack(checks).all()
+
+
+def decided_on_host(ok: torch.Tensor) -> bool:
+    """Whether the step may read ``ok`` on the host and branch: eager on the CPU, where the
+    read is free (compiled or on an accelerator the step decides on the device instead)."""
+    return not torch.compiler.is_compiling() and ok.device.type == "cpu"
 
 
 def gate(ok: torch.Tensor | None, factor: float, dtype: torch.dtype):

@@ -79,7 +79,14 @@ def _apply(plan: Plan, shard, config: DashConfig, state: TensorDict, params, gra
     products = [_factor_products(group, G) for group, G in zip(local.groups, blocks)]
     ok = None
     if config.skip_nonfinite:
-        ok = shard.all_ranks(guard.all_finite(grads, [X for sides in products for _, X in sides]))
+        vectors = [x for p, x in zip(local.params, grads) if p.kind == ADAMW]
+        ok = shard.all_ranks(guard.all_finite(vectors, [X for sides in products for _, X in sides]))
+    if ok is not None and guard.decided_on_host(ok):  # eager on the CPU: branch instead of masking
+        if not bool(ok):
+            state["skipped"].add_(1)
+            return list(params)
+        ok = None  # every input is finite: the unguarded arithmetic, bit for bit
+    if ok is not None:
         state["skipped"].add_(~ok)
         blocks = [guard.masked(ok, G, 0.0) for G in blocks]
         products = [[(side, guard.masked(ok, X, -0.0)) for side, X in sides] for sides in products]

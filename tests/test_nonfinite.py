@@ -13,21 +13,22 @@ from conftest import assert_equal_states, mixed_params, random_grads, tensors
 
 CONFIG = dash_fn.DashConfig(block_size=24, solver="eigh", inv_root_freq=2, mu=0.5, weight_decay=0.1)
 FAULTS = {  # what spoils one parameter's gradient
-    "nan": lambda g: g.index_put_((torch.tensor([0]),), torch.tensor(float("nan"))),
+    "nan": lambda g: g.view(-1)[:1].fill_(float("nan")),  # one entry
     "inf": lambda g: g.fill_(-math.inf),
     "overflowing product": lambda g: g.mul_(1e25),  # finite, but G G^T is 1e50 > float32's 3e38
+    "overflowing column": lambda g: g[:, 0].fill_(1e19),  # rows' sums of squares 1e38 fit, a column's (in G^T G) does not
 }
 
 
-def run(faulty_step=None, fault=None, step=dash_fn.step, config=CONFIG, steps=6):
+def run(faulty_step=None, fault=None, step=dash_fn.step, config=CONFIG, steps=6, where="rect"):
     """Steps 1..steps with deterministic gradients; ``faulty_step`` gets a spoiled gradient
-    inserted before it (so a skipping run takes steps + 1 calls)."""
+    (of parameter ``where``) inserted before it (so a skipping run takes steps + 1 calls)."""
     params = mixed_params()
     state = dash_fn.init(params, config)
     for t in range(1, steps + 1):
         if t == faulty_step:
             bad = random_grads(params, 100)
-            FAULTS[fault](bad["rect"])
+            FAULTS[fault](bad[where])
             params, state = step(params, bad, state, lr=torch.tensor(1e-2))
         params, state = step(params, random_grads(params, t), state, lr=torch.tensor(1e-2))
     return params, state
@@ -43,6 +44,18 @@ def test_a_bad_step_changes_nothing(fault):
     assert int(state["skipped"]) == 1 and int(clean_state["skipped"]) == 0
     state["skipped"].zero_()
     assert_equal_states(state, clean_state)
+
+
+@pytest.mark.parametrize("where", ["square", "conv", "bias", "vec", "scalar"])
+def test_a_fault_anywhere_is_seen(where):
+    """Wherever the NaN sits (a block's gradient is read only through its products' diagonals,
+    an AdamW vector's directly), the step is skipped: eager and compiled."""
+    for step in (dash_fn.step, torch.compile(dash_fn.step, fullgraph=True, backend="aot_eager")):
+        clean, _ = run(step=step)
+        params, state = run(faulty_step=3, fault="nan", where=where, step=step)
+        assert int(state["skipped"]) == 1
+        for name in clean:
+            assert torch.equal(params[name], clean[name]), (where, name)
 
 
 def test_the_skipped_step_itself_leaves_params_and_state_bitwise():

@@ -73,6 +73,20 @@ def inverse_root(stack: torch.Tensor, p: int, config: DashConfig = DashConfig(),
     return SOLVERS[solver](stack, p, config, start)
 
 
+# Temporaries a solver holds at its peak, in blocks per block solved (with its output block),
+# measured with benchmarks/peak_memory.py (tests/test_refresh_memory.py keeps them true).
+WORKSPACE = {"eigh": 5, "ndb": 12, "cn": 8, "chebyshev": 7}
+# Temporaries below this many bytes are never cut up: small chunks would starve a GPU.
+SMALL_WORKSPACE = 64 * 2**20
+
+
+def chunk_blocks(count: int, block_bytes: int, solver: str) -> int:
+    """Blocks solved at once so that the solver's temporaries stay within one stack of
+    ``count`` blocks (or within SMALL_WORKSPACE, whichever is larger)."""
+    allowed = max(count * block_bytes, SMALL_WORKSPACE)
+    return max(1, min(count, allowed // (WORKSPACE[solver] * block_bytes)))
+
+
 def refresh_roots(
     factors: torch.Tensor, roots: torch.Tensor, p: int, config: DashConfig, start: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,8 +95,26 @@ def refresh_roots(
     docs/ALGORITHM.md 7.2: a block with a non-finite factor is solved as I (so it cannot spoil
     anything) and, like a block whose new root is non-finite, keeps its previous root.
     Returns (roots, a (K,) bool mask of the blocks that fell back) without any host sync.
+
+    The stack is solved in chunks (:func:`chunk_blocks`), each written into the result, so
+    that a refresh holds at most about two stacks: the result and one chunk's temporaries.
     """
     solver = resolve_solver(config, factors.device)
+    count, size = factors.shape[0], factors.shape[-1]
+    chunk = chunk_blocks(count, size * size * factors.element_size(), solver)
+    if chunk >= count:
+        return _refresh_chunk(factors, roots, p, config, start, solver)
+    out = torch.empty_like(roots)
+    fell_back = []
+    for a in range(0, count, chunk):
+        new, failed = _refresh_chunk(factors[a : a + chunk], roots[a : a + chunk], p, config, start, solver)
+        out[a : a + chunk] = new
+        fell_back.append(failed)
+        del new  # before the next chunk's temporaries
+    return out, torch.cat(fell_back)
+
+
+def _refresh_chunk(factors, roots, p: int, config: DashConfig, start, solver: str) -> tuple[torch.Tensor, torch.Tensor]:
     finite_factor = torch.isfinite(factors).all(dim=(-2, -1))
     identity = torch.eye(factors.shape[-1], dtype=factors.dtype, device=factors.device)
     safe = torch.where(finite_factor[:, None, None], factors, identity)

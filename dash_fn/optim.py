@@ -154,20 +154,23 @@ class DASH(torch.optim.Optimizer):
             if state["config"] != config:
                 state = with_config(state, config, where)
         skipped = {n for n, g in zip(names, grads) if g is None}
-        kept = [x.clone() for x in owned_slices(state, skipped)]
+
+        def untouched(state):  # what a parameter without a gradient must keep: its value, its state
+            return [*owned_slices(state, skipped), *(values[n] for n in names if n in skipped)]
+
+        kept = [x.clone() for x in untouched(state)]
         if self._compile is False:
             # on the CPU the step reads its counter itself (free); elsewhere the host's mirror
             # picks the branch (no device read, no eager torch.cond)
             refresh = None if state["step"].device.type == "cpu" else is_refresh_step(config, t + 1)
             new, state = functional_step(values, _grads_of(names, params), state, lr=lr, refresh=refresh)
+            for n, p in zip(names, params):
+                p.copy_(new[n])
         else:
             lr = lr if isinstance(lr, torch.Tensor) else torch.full((), lr, dtype=torch.float64, device=state["step"].device)
-            new, state = self._compiled()(values, _grads_of(names, params), state, lr=lr)
-        for view, old in zip(owned_slices(state, skipped), kept):
+            state = self._compiled()(values, _grads_of(names, params), state, lr)
+        for view, old in zip(untouched(state), kept):
             view.copy_(old)
-        for n, p in zip(names, params):
-            if n not in skipped:
-                p.copy_(new[n])
         self.state[params[0]] = {"dash": state, "step": int(state["step"]) if state["step"].device.type == "cpu" else t + 1}
 
     def skipped_steps(self) -> list[int]:
@@ -179,7 +182,7 @@ class DASH(torch.optim.Optimizer):
             # dynamic=False: Dynamo caches graphs per function, so a second optimizer (another
             # model) would otherwise turn the plan's ints symbolic, which the step cannot trace
             options = {"dynamic": False, **({} if self._compile is True else self._compile)}
-            self._compiled_step = torch.compile(functional_step, fullgraph=True, **options)
+            self._compiled_step = torch.compile(_step_into, fullgraph=True, **options)
         return self._compiled_step
 
     def state_dict(self) -> dict:
@@ -275,6 +278,16 @@ class DASH(torch.optim.Optimizer):
         if saved_state:
             raise ValueError(f"load_state_dict: the checkpoint has state under key {next(iter(saved_state))!r}, which names no parameter of this optimizer (a state dict of another optimizer?)")
         return groups, entries
+
+
+def _step_into(values: dict, grads: dict, state, lr):
+    """:func:`dash_fn.step` that writes the new values into ``values`` (the parameters'
+    storage) inside the compiled graph, where the copy fuses into the kernel that computes
+    them: one pass over the parameters fewer than a copy after the call."""
+    new, state = functional_step(values, grads, state, lr=lr)
+    for n, x in values.items():
+        x.copy_(new[n])
+    return state
 
 
 def group_config(group: Mapping, where: str) -> DashConfig:

@@ -107,3 +107,22 @@ def test_fsdp_bench_tiny_run():
     assert int(rows[("48", "2", "exact")][3]) == 5  # straddling bands: wq, wk, wv, wo, down
     assert moved[("48", "1", "exact")] == moved[("48", "1", "local")] == moved[("48", "2", "local")] == 0
     assert rows[("48", "2", "local")][3] == "0"
+
+
+def test_refresh_memory_quick(capsys):
+    """Chunked refreshes hold about two stacks where whole-stack calls hold four to eleven."""
+    import refresh_memory
+
+    rows = refresh_memory.main(["--quick"])
+    assert [r["solver"] for r in rows] == ["eigh", "ndb", "cn", "chebyshev"]
+    for row in rows:
+        assert row["chunk"] < 96 and row["chunked"] < row["whole"], row
+    assert "| ndb | 96 x 32 x 32 |" in capsys.readouterr().out
+
+
+def test_plain_step_quick(capsys):
+    import plain_step
+
+    ms = plain_step.main(["--quick", "--backend", "aot_eager"])
+    assert set(ms) == {"batched products", "compiled step", "eager step"} and all(v > 0 for v in ms.values())
+    assert "| compiled step |" in capsys.readouterr().out

@@ -30,8 +30,10 @@ class DashConfig:
     symbols. Section numbers below refer to that document.
 
     Blocking:
-        ``block_size`` = 1024, int >= 1: blocks are at most B x B, vector segments at most B
-            long (2.2, 2.3). Fixes the state's layout.
+        ``block_size`` = 256, int >= 1: blocks are at most B x B, vector segments at most B
+            long (2.2, 2.3). Fixes the state's layout. (The paper uses 1024; on the main
+            job's thin weights that lost loss: docs/ALGORITHM.md 9, "Defaults against the
+            reference and the paper".)
 
     Roots and solvers:
         ``solver`` = "auto": "eigh", "cn" (coupled Newton), "ndb" (Newton-Denman-Beavers),
@@ -103,7 +105,7 @@ class DashConfig:
     naming the field and the allowed range.
     """
 
-    block_size: int = 1024
+    block_size: int = 256
     solver: str = "auto"
     scaling: str = "pim"
     newton_steps: int = 10
@@ -188,9 +190,10 @@ class DashConfig:
 
     @classmethod
     def paper(cls, **changes) -> "DashConfig":
-        """The DASH paper's recommended setting: NDB with power-iteration scaling, roots
-        refreshed every step, eps 0, vectors under one-sided Shampoo (then ``changes``)."""
-        return cls(**{"solver": "ndb", "scaling": "pim", "inv_root_freq": 1, "eps": 0.0, "one_dim": "shampoo", **changes})
+        """The DASH paper's recommended setting: blocks of 1024, NDB with power-iteration
+        scaling, roots refreshed every step, eps 0, vectors under one-sided Shampoo (then
+        ``changes``)."""
+        return cls(**{"block_size": 1024, "solver": "ndb", "scaling": "pim", "inv_root_freq": 1, "eps": 0.0, "one_dim": "shampoo", **changes})
 
 
 def _is_int(value) -> bool:

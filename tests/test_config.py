@@ -34,7 +34,7 @@ def test_invalid_value_names_field(field, value):
 
 def test_defaults_follow_the_spec():
     c = dash_fn.DashConfig()
-    assert (c.block_size, c.solver, c.scaling, c.newton_steps, c.inv_root_freq, c.start_prec_step) == (1024, "auto", "pim", 10, 10, 1)
+    assert (c.block_size, c.solver, c.scaling, c.newton_steps, c.inv_root_freq, c.start_prec_step) == (256, "auto", "pim", 10, 10, 1)
     assert (c.weight_decay, c.weight_decay_1d, c.vector_decay) == (0.0, None, 0.0)
     assert c.replace(weight_decay=0.1).vector_decay == 0.1 and c.replace(weight_decay=0.1, weight_decay_1d=0.0).vector_decay == 0.0
     paper = dash_fn.DashConfig.paper()

@@ -1,0 +1,179 @@
+"""Optimizer-step time of the ``DASH`` adapter under its defaults, the old defaults, the paper's
+setting and the main job's setting, beside AdamW, on the main job's model, as a markdown table.
+
+    python benchmarks/defaults_bench.py              # examples/train_lm.py's default Llama
+    python benchmarks/defaults_bench.py --quick      # a tiny model: a smoke run
+
+The model is examples/llama.py's Llama at examples/train_lm.py's default sizes (d_model 128, 2
+layers, 4 heads, SwiGLU 341, context 64, batch 16). One backward pass on one fixed batch gives
+the gradients; every optimizer reuses them, and only ``opt.step()`` is timed (eager, as a
+newcomer calls it). Steady state: each optimizer first takes ``--warmup-periods`` whole refresh
+periods (past the first root refresh at step 1, which is the costliest), then each timed window
+is a whole number of refresh periods of every configuration (a multiple of the least common
+multiple of their ``inv_root_freq``), so the refresh steps are amortised into the mean as in
+training. The windows are interleaved round-robin over the configurations, ``--reps`` times,
+so that load from other processes on the machine hits every configuration alike; the table
+gives the median over windows of the mean ms per step, and its ratio to AdamW's.
+
+Configurations:
+
+* ``DASH(params, lr=3e-3)``: the library's defaults (block 256, solver "auto", roots every 10 steps);
+* the old defaults: ``block_size=1024, solver="ndb", inv_root_freq=1`` (dash_fn 0.1);
+* the paper: ``**dataclasses.asdict(DashConfig.paper())`` (NDB, pim scaling, roots every step, eps 0,
+  vectors under one-sided Shampoo);
+* the main job: ``block_size=128, inv_root_freq=10`` (solver "auto"), examples/train_lm.py's ``dash``;
+* ``torch.optim.AdamW(foreach=True)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+
+import dash_fn  # noqa: E402
+from dash_fn.roots import resolve_solver  # noqa: E402
+from llama import Llama, LlamaConfig, next_byte_loss  # noqa: E402
+
+LR = 3e-3
+
+
+def configurations() -> list[tuple[str, dict | None]]:
+    """(label, DASH keyword arguments); None is AdamW."""
+    return [
+        ("DASH(params) new defaults", {}),
+        ('old defaults: solver="ndb", inv_root_freq=1', {"block_size": 1024, "solver": "ndb", "inv_root_freq": 1}),
+        ("DashConfig.paper()", dataclasses.asdict(dash_fn.DashConfig.paper())),
+        ("main job: block_size=128, inv_root_freq=10", {"block_size": 128, "inv_root_freq": 10}),
+        ("torch AdamW (foreach)", None),
+    ]
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def fixed_gradients(model: Llama, batch: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """Gradients of the next-byte loss on one fixed batch of random bytes."""
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, model.config.vocab, (batch, model.config.context + 1), generator=gen).to(device)
+    params = dict(model.named_parameters())
+    loss = next_byte_loss(model, params, tokens)
+    grads = torch.autograd.grad(loss, list(params.values()))
+    return {k: g.detach().clone() for k, g in zip(params, grads)}
+
+
+def make_optimizer(model: Llama, kwargs: dict | None, grads: dict[str, torch.Tensor]):
+    """A copy of the model with the fixed gradients attached, and its optimizer."""
+    model = copy.deepcopy(model)
+    for name, p in model.named_parameters():
+        p.grad = grads[name].clone()
+    if kwargs is None:
+        return model, torch.optim.AdamW(model.parameters(), lr=LR, foreach=True)
+    return model, dash_fn.DASH(model.parameters(), lr=LR, **kwargs)
+
+
+def describe(kwargs: dict | None, device: torch.device) -> tuple[str, str, str]:
+    """(solver, block, inv_root_freq) cells; the solver as run on ``device``."""
+    if kwargs is None:
+        return "-", "-", "-"
+    config = dash_fn.DashConfig(**kwargs)
+    solver = resolve_solver(config, device)
+    return (f"auto ({solver})" if config.solver == "auto" else solver), str(config.block_size), str(config.inv_root_freq)
+
+
+def machine_line(device: torch.device) -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{os.cpu_count()} CPUs ({cpu})"
+    return f"{where}, torch {torch.__version__}, {torch.get_num_threads()} threads, Python {platform.python_version()}"
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+        """Each option's default, and the docstring (the epilog) as written."""
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter, epilog=__doc__)
+    parser.add_argument("--d-model", type=int, default=128, help="model width")
+    parser.add_argument("--n-layers", type=int, default=2, help="transformer blocks")
+    parser.add_argument("--n-heads", type=int, default=4, help="attention heads")
+    parser.add_argument("--context", type=int, default=64, help="bytes per sequence")
+    parser.add_argument("--batch", type=int, default=16, help="sequences in the fixed batch")
+    parser.add_argument("--reps", type=int, default=7, help="timed windows per configuration, interleaved round-robin")
+    parser.add_argument("--periods", type=int, default=1, help="refresh periods (of the longest one) per timed window")
+    parser.add_argument("--warmup-periods", type=int, default=1, help="whole refresh periods stepped before timing (at least 1: past the first refresh)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads; when not given torch's own")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--quick", action="store_true", help="tiny model, 2 windows: a smoke run")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.d_model, args.n_layers, args.n_heads, args.context, args.batch, args.reps = 32, 1, 2, 16, 4, 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig(d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads, mlp_hidden=(8 * args.d_model) // 3, context=args.context)).to(device)
+    grads = fixed_gradients(model, args.batch, device)
+    n_params = sum(p.numel() for p in model.parameters())
+
+    configs = configurations()
+    freqs = [dash_fn.DashConfig(**kw).inv_root_freq for _, kw in configs if kw is not None]
+    period = math.lcm(*freqs)  # every configuration refreshes a whole number of times per window
+    window = period * max(1, args.periods)
+    runs = []
+    for label, kwargs in configs:
+        model_copy, opt = make_optimizer(model, kwargs, grads)
+        for _ in range(period * max(1, args.warmup_periods)):  # past the first refresh; t stays aligned to the period
+            opt.step()
+        sync(device)
+        runs.append({"label": label, "kwargs": kwargs, "opt": opt, "model": model_copy, "ms": []})
+
+    load_before = os.getloadavg()
+    for _ in range(args.reps):
+        for run in runs:  # round-robin: load from other processes hits all configurations alike
+            opt = run["opt"]
+            sync(device)
+            start = time.perf_counter()
+            for _ in range(window):
+                opt.step()
+            sync(device)
+            run["ms"].append(1e3 * (time.perf_counter() - start) / window)
+    load_after = os.getloadavg()
+
+    adamw = statistics.median(next(r for r in runs if r["kwargs"] is None)["ms"])
+    print(f"Machine: {machine_line(device)}; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after timing.")
+    print(
+        f"Model: Llama d_model {args.d_model}, {args.n_layers} layers, {args.n_heads} heads, context {args.context}, batch {args.batch}; "
+        f"{n_params:,} parameters. Eager opt.step() with fixed gradients, lr {LR:g}; {args.reps} windows of {window} steps "
+        f"(whole refresh periods) per configuration, interleaved, after {period * max(1, args.warmup_periods)} warm-up steps.\n"
+    )
+    print("| configuration | solver | block | inv_root_freq | ms / step (median) | min - max | x AdamW |")
+    print("|---|---|---|---|---|---|---|")
+    rows = []
+    for run in runs:
+        solver, block, freq = describe(run["kwargs"], device)
+        median = statistics.median(run["ms"])
+        row = {"label": run["label"], "solver": solver, "block": block, "inv_root_freq": freq, "ms": median, "min": min(run["ms"]), "max": max(run["ms"]), "ratio": median / adamw}
+        rows.append(row)
+        print(f"| {row['label']} | {solver} | {block} | {freq} | {median:.2f} | {row['min']:.2f} - {row['max']:.2f} | {row['ratio']:.1f} |")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+"""benchmarks/defaults_bench.py runs (tiny model, CPU) and prints one row per configuration."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+
+import defaults_bench  # noqa: E402
+
+
+def test_defaults_bench_quick(capsys):
+    rows = defaults_bench.main(["--quick"])
+    out = capsys.readouterr().out
+    assert "| configuration | solver | block | inv_root_freq | ms / step (median) | min - max | x AdamW |" in out
+    table = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) == 7 and cells[0] != "configuration" and not cells[0].startswith("---"):
+            table[cells[0]] = cells
+    assert list(table) == [label for label, _ in defaults_bench.configurations()]
+    assert table["DASH(params) new defaults"][1:4] == ["auto (eigh)", "256", "10"]
+    assert table['old defaults: solver="ndb", inv_root_freq=1'][1:4] == ["ndb", "1024", "1"]
+    assert table["DashConfig.paper()"][1:4] == ["ndb", "1024", "1"]
+    assert table["main job: block_size=128, inv_root_freq=10"][1:4] == ["auto (eigh)", "128", "10"]
+    assert table["torch AdamW (foreach)"][1:4] == ["-", "-", "-"]
+    assert table["torch AdamW (foreach)"][6] == "1.0"
+    assert all(row["ms"] > 0 and row["min"] <= row["ms"] <= row["max"] for row in rows)
+    assert "Machine:" in out and "windows of 10 steps" in out

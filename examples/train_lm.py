@@ -4,14 +4,20 @@
     python examples/train_lm.py --runs adamw@1e-3 dash-ndb@3e-3 --seeds 0 1 2
     python examples/train_lm.py --data my_corpus.txt --d-model 256 --device cuda
 
-Each run is OPTIMIZER@LR: ``adamw`` (torch.optim.AdamW, foreach) or ``dash-SOLVER`` (dash_fn with
-that root solver; ``dash`` alone is the default solver for the device). Every run trains the
+Each run is OPTIMIZER@LR: ``adamw`` (torch.optim.AdamW, foreach), ``muon`` (torch.optim.Muon on
+the hidden matrices, AdamW on the rest, one learning rate for both), ``soap`` and ``psgd``
+(HeavyBall's SOAP and PSGDKron: ``pip install -e ".[bench]"``), ``dash-SOLVER`` (dash_fn with
+that root solver; ``dash`` alone is the default solver for the device; both use --block-size
+and --inv-root-freq), ``dash-defaults`` (``DashConfig()``: the library's defaults, block 256
+and roots every 10 steps, ignoring --block-size and --inv-root-freq) or ``dash-paper``
+(``DashConfig.paper()``: the DASH paper's setting, NDB roots every step). Every run trains the
 same model from the same initialization on the same batches; the loss and gradients come from
 one compiled function (torch.func.grad_and_value under torch.compile), and dash_fn's step is
 compiled with fullgraph=True. Writes to --out: ``log.json`` (every step's train loss and wall
 time, validation losses), ``loss.png`` (train and validation loss against step and against wall
-time) and ``summary.md`` (final validation loss per optimizer, mean and spread over seeds, and
-the steps each needs to reach the best AdamW run's final validation loss).
+time) and ``summary.md`` (final validation loss per optimizer, mean and spread over seeds, the steps
+and seconds each needs to reach the best AdamW run's final validation loss, and its loss at
+AdamW's wall time).
 """
 
 from __future__ import annotations
@@ -65,35 +71,70 @@ def batch_at(data: torch.Tensor, step: int, batch: int, context: int, seed: int)
     return torch.stack([data[s : s + context + 1] for s in starts.tolist()])
 
 
+PEERS = ("adamw", "muon", "soap", "psgd")  # torch.optim-style optimizers (soap, psgd: HeavyBall)
+
+
 def parse_run(spec: str) -> tuple[str, float]:
     name, _, lr = spec.partition("@")
-    if name != "adamw" and not (name == "dash" or name.startswith("dash-")):
-        raise SystemExit(f"unknown optimizer {name!r}: use adamw, dash or dash-SOLVER")
+    if name not in PEERS and not (name == "dash" or name.startswith("dash-")):
+        raise SystemExit(f"unknown optimizer {name!r}: use {', '.join(PEERS)}, dash, dash-SOLVER, dash-defaults or dash-paper")
     return name, float(lr)
 
 
+def peer_optimizers(name: str, leaves: dict, args) -> list:
+    """The torch.optim optimizers of a peer run (lr set every step). Muon takes the hidden
+    matrices with ``adjust_lr_fn="match_rms_adamw"`` (its update's RMS matched to AdamW's, so
+    one learning rate serves both), AdamW the embedding, the head, vectors and expert stacks.
+    SOAP and PSGDKron are HeavyBall's (``pip install -e ".[bench]"``) with their defaults,
+    betas (0.9, 0.95) where they take them, and the run's weight decay."""
+    if name == "adamw":
+        return [torch.optim.AdamW(list(leaves.values()), lr=0.0, betas=(0.9, 0.95), weight_decay=args.weight_decay, foreach=True)]
+    if name == "muon":
+        hidden = [v for k, v in leaves.items() if v.ndim == 2 and k.startswith("blocks.")]
+        rest = [v for k, v in leaves.items() if not (v.ndim == 2 and k.startswith("blocks."))]
+        return [
+            torch.optim.Muon(hidden, lr=0.0, weight_decay=args.weight_decay, adjust_lr_fn="match_rms_adamw"),
+            torch.optim.AdamW(rest, lr=0.0, betas=(0.9, 0.95), weight_decay=args.weight_decay, foreach=True),
+        ]
+    try:
+        import heavyball
+    except ImportError as e:
+        raise SystemExit(f"{name} runs HeavyBall's optimizer: pip install -e '.[bench]' ({e})") from e
+    if name == "soap":
+        return [heavyball.SOAP(list(leaves.values()), lr=0.0, betas=(0.9, 0.95), weight_decay=args.weight_decay)]
+    return [heavyball.PSGDKron(list(leaves.values()), lr=0.0, betas=(0.9, 0.95), weight_decay=args.weight_decay)]
+
+
 class Optimizer:
-    """One interface for both: ``update(params, grads, lr_tensor) -> params``."""
+    """One interface for all: ``update(params, grads, lr_tensor) -> params``."""
 
     def __init__(self, name: str, params: dict, args):
         self.name = name
-        if name == "adamw":
+        if name in PEERS:
             self.leaves = {k: v.clone() for k, v in params.items()}
-            self.torch_opt = torch.optim.AdamW(list(self.leaves.values()), lr=0.0, betas=(0.9, 0.95), weight_decay=args.weight_decay, foreach=True)
+            self.torch_opts = peer_optimizers(name, self.leaves, args)
         else:
-            solver = name.partition("-")[2] or "auto"
-            config = dash_fn.DashConfig(block_size=args.block_size, solver=solver, inv_root_freq=args.inv_root_freq, weight_decay=args.weight_decay)
+            if name == "dash-defaults":  # the library's defaults: --block-size, --inv-root-freq do not apply
+                config = dash_fn.DashConfig(weight_decay=args.weight_decay)
+            elif name == "dash-paper":  # the DASH paper's recommended setting
+                config = dash_fn.DashConfig.paper(weight_decay=args.weight_decay)
+            else:
+                solver = name.partition("-")[2] or "auto"
+                config = dash_fn.DashConfig(block_size=args.block_size, solver=solver, inv_root_freq=args.inv_root_freq, weight_decay=args.weight_decay)
             if args.eps is not None:
                 config = config.replace(eps=args.eps)
             self.state = dash_fn.init(params, config, batch_dims=expert_weights(params))
-            self.step = torch.compile(dash_fn.step, fullgraph=True, backend=args.backend) if args.backend != "none" else dash_fn.step
+            # dynamic=False: a second config's plan (another block size) would otherwise turn its ints symbolic
+            self.step = torch.compile(dash_fn.step, fullgraph=True, backend=args.backend, dynamic=False) if args.backend != "none" else dash_fn.step
 
     def update(self, params: dict, grads: dict, lr: torch.Tensor) -> dict:
-        if self.name == "adamw":
+        if self.name in PEERS:
             for k, g in grads.items():
                 self.leaves[k].grad = g
-            self.torch_opt.param_groups[0]["lr"] = float(lr)
-            self.torch_opt.step()
+            for opt in self.torch_opts:
+                for group in opt.param_groups:
+                    group["lr"] = float(lr)
+                opt.step()
             return self.leaves
         params, self.state = self.step(params, grads, self.state, lr=lr)
         return params
@@ -140,36 +181,55 @@ def train(name: str, peak_lr: float, seed: int, loss_fn, grad_fn, init_params: d
     return log
 
 
-def steps_to_reach(log: dict, target: float) -> int | None:
-    for step, loss in zip(log["val_step"], log["val_loss"]):
+def steps_to_reach(log: dict, target: float) -> tuple[int, float] | None:
+    """(step, wall seconds) of the first evaluation at or below ``target``."""
+    for step, wall, loss in zip(log["val_step"], log["val_wall"], log["val_loss"]):
         if loss <= target:
-            return step
+            return step, wall
     return None
+
+
+def loss_at_wall(log: dict, seconds: float) -> float:
+    """The last validation loss evaluated within ``seconds`` of train-step wall time."""
+    within = [loss for wall, loss in zip(log["val_wall"], log["val_loss"]) if wall <= seconds]
+    return within[-1] if within else math.nan
 
 
 def summarize(logs: list[dict], args) -> str:
     by_run: dict[str, list[dict]] = {}
     for log in logs:
         by_run.setdefault(f"{log['optimizer']}@{log['lr']:g}", []).append(log)
-    adamw: dict[int, float] = {}  # per seed, the best AdamW run's final validation loss
+    adamw: dict[int, dict] = {}  # per seed, the best AdamW run (lowest final validation loss)
     for log in logs:
-        if log["optimizer"] == "adamw":
-            adamw[log["seed"]] = min(log["val_loss"][-1], adamw.get(log["seed"], math.inf))
+        if log["optimizer"] == "adamw" and log["val_loss"][-1] < adamw.get(log["seed"], {"val_loss": [math.inf]})["val_loss"][-1]:
+            adamw[log["seed"]] = log
     lines = [
         f"Model: d_model {args.d_model}, {args.n_layers} layers, context {args.context}, batch {args.batch}; {args.steps} steps; block size {args.block_size}; device {args.device}.",
         "",
-        "| run | seeds | final val loss (mean ± std) | steps to AdamW's final val loss (per seed) | fraction of AdamW's steps | ms / step | compile s |",
-        "|---|---|---|---|---|---|---|",
+        "| run | seeds | final val loss (mean ± std) | steps to AdamW's final val loss (per seed) | fraction of AdamW's steps | seconds to it (mean) | fraction of AdamW's seconds | val loss at AdamW's seconds | ms / step | compile s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run, group in by_run.items():
         finals = [g["val_loss"][-1] for g in group]
         spread = statistics.stdev(finals) if len(finals) > 1 else 0.0
-        reach = [steps_to_reach(g, adamw[g["seed"]]) if g["seed"] in adamw else None for g in group]
-        fractions = [r / args.steps for r in reach if r is not None]
-        frac = f"{statistics.mean(fractions):.2f}" if len(fractions) == len(group) and fractions else ("-" if not adamw else "not reached")
+        best = [adamw.get(g["seed"]) for g in group]
+        reach = [steps_to_reach(g, b["val_loss"][-1]) if b else None for g, b in zip(group, best)]
+        all_reached = bool(adamw) and all(r is not None for r in reach)
+        steps_frac = f"{statistics.mean(r[0] / args.steps for r in reach):.2f}" if all_reached else ("-" if not adamw else "not reached")
+        seconds = f"{statistics.mean(r[1] for r in reach):.1f}" if all_reached else "-"
+        wall_frac = f"{statistics.mean(r[1] / b['wall'][-1] for r, b in zip(reach, best)):.2f}" if all_reached else "-"
+        at_adamw_wall = f"{statistics.mean(loss_at_wall(g, b['wall'][-1]) for g, b in zip(group, best)):.4f}" if all(best) else "-"
         ms = statistics.mean(1e3 * g["wall"][-1] / max(1, args.steps - 1) for g in group)
-        lines.append(f"| {run} | {len(group)} | {statistics.mean(finals):.4f} ± {spread:.4f} | {', '.join('-' if r is None else str(r) for r in reach)} | {frac} | {ms:.0f} | {statistics.mean(g['compile_s'] for g in group):.0f} |")
-    lines += ["", f"Validation every {args.eval_every} steps on {args.eval_batches} fixed batches; 'steps to reach' is the first evaluation at or below the final validation loss of the best AdamW run (over its learning rates) with the same seed."]
+        per_seed = ", ".join("-" if r is None else str(r[0]) for r in reach)
+        lines.append(
+            f"| {run} | {len(group)} | {statistics.mean(finals):.4f} ± {spread:.4f} | {per_seed} | {steps_frac} | {seconds} | {wall_frac} | {at_adamw_wall} | {ms:.0f} | {statistics.mean(g['compile_s'] for g in group):.0f} |"
+        )
+    lines += [
+        "",
+        f"Validation every {args.eval_every} steps on {args.eval_batches} fixed batches. 'Steps (seconds) to AdamW's final val loss': the first "
+        "evaluation at or below the final validation loss of the best AdamW run (over its learning rates) with the same seed, and the wall time "
+        "of the train steps until then; 'val loss at AdamW's seconds': the last evaluation within that AdamW run's total train-step time.",
+    ]
     return "\n".join(lines)
 
 
@@ -213,7 +273,7 @@ def _main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter, epilog=__doc__)
     # learning rates tuned on a grid of factors of ~3 at the default size (benchmarks/RESULTS.md)
-    parser.add_argument("--runs", nargs="+", default=["adamw@1e-3", "dash@3e-3"], help="OPTIMIZER@LR, e.g. adamw@1e-3 dash-ndb@3e-3")
+    parser.add_argument("--runs", nargs="+", default=["adamw@1e-3", "dash@3e-3"], help="OPTIMIZER@LR, e.g. adamw@1e-3 dash-ndb@3e-3; OPTIMIZER is adamw, muon, soap, psgd, dash, dash-SOLVER (eigh, ndb, cn, chebyshev), dash-defaults (DashConfig() as is) or dash-paper (DashConfig.paper())")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds of the initialization and the batches; every run trains once per seed")
     parser.add_argument("--steps", type=int, default=300, help="training steps per run")
     parser.add_argument("--batch", type=int, default=16, help="sequences per step")

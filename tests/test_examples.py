@@ -26,6 +26,30 @@ def test_train_lm_tiny(tmp_path):
     assert "| dash-eigh@0.003 | 1 |" in (out / "summary.md").read_text()
 
 
+TINY = ["--steps", "4", "--eval-every", "2", "--eval-batches", "1", "--d-model", "32", "--n-layers", "1", "--n-heads", "2",
+        "--context", "16", "--batch", "2", "--corpus-bytes", "200000", "--backend", "aot_eager", "--no-progress"]
+
+
+def test_train_lm_peers_and_wall_clock_columns(tmp_path):
+    """Muon beside AdamW (SOAP and PSGDKron too where HeavyBall, the bench extra, is installed);
+    the summary gives steps and seconds to AdamW's final loss and the loss at AdamW's time."""
+    import importlib.util
+
+    runs = ["adamw@3e-3", "muon@3e-3"] + (["soap@3e-3", "psgd@3e-3"] if importlib.util.find_spec("heavyball") else [])
+    out = tmp_path / "run"
+    train_lm.main(["--runs", *runs, *TINY, "--out", str(out)])
+    log = json.loads((out / "log.json").read_text())
+    assert [r["optimizer"] for r in log["runs"]] == [r.split("@")[0] for r in runs]
+    adamw = log["runs"][0]
+    for run in log["runs"][1:]:
+        assert run["train_loss"] != adamw["train_loss"]  # another optimizer really ran
+        assert all(0 < loss < 10 for loss in run["train_loss"] + run["val_loss"])
+    summary = (out / "summary.md").read_text()
+    assert "seconds to it (mean) | fraction of AdamW's seconds | val loss at AdamW's seconds" in summary
+    row = next(line for line in summary.splitlines() if line.startswith("| adamw@0.003 |")).split("|")
+    assert row[5].strip() == "1.00" and row[7].strip() == "1.00" and float(row[8]) == adamw["val_loss"][-1].__round__(4)
+
+
 def test_stdlib_corpus_is_deterministic_and_split():
     a_train, a_val = train_lm.stdlib_corpus(300_000)
     b_train, b_val = train_lm.stdlib_corpus(300_000)

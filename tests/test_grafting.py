@@ -78,3 +78,13 @@ def test_scale_invariance():
         runs.append(params)
     for k in runs[0]:
         assert (runs[0][k] - runs[1][k]).norm() <= 1e-5 * runs[0][k].norm(), k
+
+
+def test_block_norm_neither_overflows_nor_underflows():
+    """Squares of float32 entries near 1e20 (or 1e-30) leave float32's range; the norm does not."""
+    from dash_fn.step import _block_norm
+
+    for value in (1e20, 1e-30):
+        X = torch.full((2, 256, 256), value)
+        expected = torch.linalg.vector_norm(X.double(), dim=(-2, -1), keepdim=True)
+        torch.testing.assert_close(_block_norm(X).double(), expected, rtol=1e-6, atol=0)

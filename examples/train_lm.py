@@ -217,7 +217,8 @@ def summarize(logs: list[dict], args) -> str:
         all_reached = bool(adamw) and all(r is not None for r in reach)
         steps_frac = f"{statistics.mean(r[0] / args.steps for r in reach):.2f}" if all_reached else ("-" if not adamw else "not reached")
         seconds = f"{statistics.mean(r[1] for r in reach):.1f}" if all_reached else "-"
-        wall_frac = f"{statistics.mean(r[1] / b['wall'][-1] for r, b in zip(reach, best)):.2f}" if all_reached else "-"
+        timed = all_reached and all(b["wall"][-1] > 0 for b in best)  # a 1-step run times nothing (step 1 compiles)
+        wall_frac = f"{statistics.mean(r[1] / b['wall'][-1] for r, b in zip(reach, best)):.2f}" if timed else "-"
         at_adamw_wall = f"{statistics.mean(loss_at_wall(g, b['wall'][-1]) for g, b in zip(group, best)):.4f}" if all(best) else "-"
         ms = statistics.mean(1e3 * g["wall"][-1] / max(1, args.steps - 1) for g in group)
         per_seed = ", ".join("-" if r is None else str(r[0]) for r in reach)

@@ -1,0 +1,28 @@
+"""benchmarks/peers.py --quick runs and prints its table (peers that are not installed are skipped)."""
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "benchmarks", "peers.py")
+
+
+def test_peers_quick_prints_the_table():
+    # the compiled row and HeavyBall (which compiles its step with max-autotune) take minutes
+    # to compile, so they are left out here; the rest runs in seconds
+    cmd = [sys.executable, SCRIPT, "--quick", "--skip", "dash-compiled", "soap", "psgd-kron"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-4000:]
+    lines = out.stdout.splitlines()
+    header = "| optimizer | every step refreshes (freq 1) ms | freq 10, mean ms | plain step (no refresh) ms | state B/param |"
+    assert header in lines
+    rows = {line.split("|")[1].strip(): line for line in lines if line.startswith("| ") and line != header}
+    for name in ("dash_fn.DASH eager", "torch AdamW (foreach)"):
+        assert name in rows, out.stdout
+        cells = [c.strip() for c in rows[name].split("|")[2:6]]
+        assert all(float(c) > 0 for c in cells), rows[name]
+    adamw = [float(c) for c in rows["torch AdamW (foreach)"].split("|")[2:5]]
+    assert adamw[0] == adamw[1] == adamw[2]  # no refresh: one number in every time column
+    assert "skipped: dash_fn.DASH compile=True (inductor): not asked for (--only / --skip)" in lines
+    assert any(line.startswith("machine: ") and "cores, torch " in line for line in lines)

@@ -32,7 +32,6 @@ import copy
 import dataclasses
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -44,6 +43,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 import dash_fn  # noqa: E402
 from dash_fn.roots import resolve_solver  # noqa: E402
 from llama import Llama, LlamaConfig, next_byte_loss  # noqa: E402
+from machine import machine_line  # noqa: E402
 
 LR = 3e-3
 
@@ -91,17 +91,6 @@ def describe(kwargs: dict | None, device: torch.device) -> tuple[str, str, str]:
     config = dash_fn.DashConfig(**kwargs)
     solver = resolve_solver(config, device)
     return (f"auto ({solver})" if config.solver == "auto" else solver), str(config.block_size), str(config.inv_root_freq)
-
-
-def machine_line(device: torch.device) -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{os.cpu_count()} CPUs ({cpu})"
-    return f"{where}, torch {torch.__version__}, {torch.get_num_threads()} threads, Python {platform.python_version()}"
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

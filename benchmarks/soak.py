@@ -44,7 +44,6 @@ import argparse
 import gc
 import math
 import os
-import platform
 import random
 import sys
 import time
@@ -58,6 +57,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 import dash_fn  # noqa: E402
 from compiled_step import lr_at  # noqa: E402
 from llama import Llama, LlamaConfig, next_byte_loss  # noqa: E402
+from machine import machine_line  # noqa: E402
 from train_lm import stdlib_corpus  # noqa: E402
 
 KINDS = ("nan", "inf", "zero", "scale", "lr_spike")
@@ -110,16 +110,6 @@ def rss_mib() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def machine_line() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{os.cpu_count()} CPUs ({cpu}), torch {torch.__version__}, {torch.get_num_threads()} threads, Python {platform.python_version()}"
 
 
 def bits(tensors) -> list[torch.Tensor]:

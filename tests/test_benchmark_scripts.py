@@ -126,3 +126,12 @@ def test_plain_step_quick(capsys):
     ms = plain_step.main(["--quick", "--backend", "aot_eager"])
     assert set(ms) == {"batched products", "compiled step", "eager step"} and all(v > 0 for v in ms.values())
     assert "| compiled step |" in capsys.readouterr().out
+
+
+def test_eigh_floor_quick(capsys):
+    """The floor's worker processes time their shares of the blocks and report back."""
+    import eigh_floor
+
+    ms = eigh_floor.main(["--quick"])
+    assert set(ms) == {"floor", "solver", "refresh"} and all(v > 0 for v in ms.values())
+    assert "| refresh |" in capsys.readouterr().out

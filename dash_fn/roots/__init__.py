@@ -12,6 +12,7 @@ from typing import Callable
 
 import torch
 
+from .. import guard
 from ..config import DashConfig
 from .chebyshev import chebyshev_inverse_root
 from .cn import cn_inverse_root
@@ -115,9 +116,28 @@ def refresh_roots(
 
 
 def _refresh_chunk(factors, roots, p: int, config: DashConfig, start, solver: str) -> tuple[torch.Tensor, torch.Tensor]:
-    finite_factor = torch.isfinite(factors).all(dim=(-2, -1))
-    identity = torch.eye(factors.shape[-1], dtype=factors.dtype, device=factors.device)
-    safe = torch.where(finite_factor[:, None, None], factors, identity)
+    finite_factor = finite_blocks(factors)
+    if _all_true_on_host(finite_factor):  # eager on the CPU: skip the substitution pass
+        safe = factors
+    else:
+        identity = torch.eye(factors.shape[-1], dtype=factors.dtype, device=factors.device)
+        safe = torch.where(finite_factor[:, None, None], factors, identity)
     new = SOLVERS[solver](safe, p, config, start)
-    ok = finite_factor & torch.isfinite(new).all(dim=(-2, -1))
+    ok = finite_factor & finite_blocks(new)
+    if _all_true_on_host(ok):
+        return new.contiguous(), ~ok
     return torch.where(ok[:, None, None], new, roots).contiguous(), ~ok
+
+
+def finite_blocks(X: torch.Tensor) -> torch.Tensor:
+    """Whether each block of a (K, b, b) stack is finite, from its sum: one reduction, where
+    ``isfinite`` makes three passes. A NaN or Inf propagates into the sum; finite entries whose
+    sum leaves the float range (|entries| near 1e38 / b^2) count as non-finite too, which only
+    makes such a block keep its previous root."""
+    return torch.isfinite(X.sum(dim=(-2, -1)))
+
+
+def _all_true_on_host(flags: torch.Tensor) -> bool:
+    """Eager on the CPU, where reading flags is free: whether all are true (compiled or on an
+    accelerator: False, and the masked form runs, without a host sync)."""
+    return guard.decided_on_host(flags) and bool(flags.all())

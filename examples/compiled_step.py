@@ -16,6 +16,7 @@ embedding gradient with atomic adds from several threads, and runs differ in the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import time
@@ -55,12 +56,19 @@ def lr_at(t: int, steps: int, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
 
 
-def main(argv: list[str] | None = None) -> None:
+@contextlib.contextmanager
+def deterministic_flag_restored():
+    """Leave torch's process-wide deterministic-algorithms flag as found (--deterministic sets it)."""
     previous = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     try:
-        _main(argv)
-    finally:  # --deterministic sets a process-wide flag: leave it as found
+        yield
+    finally:
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+
+
+def main(argv: list[str] | None = None) -> None:
+    with deterministic_flag_restored():
+        _main(argv)
 
 
 def _main(argv: list[str] | None = None) -> None:

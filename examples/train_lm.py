@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 
 import dash_fn  # noqa: E402
-from compiled_step import lr_at  # noqa: E402  (warm-up then cosine, shared with that example)
+from compiled_step import deterministic_flag_restored, lr_at  # noqa: E402  (shared with that example)
 from llama import Llama, LlamaConfig, expert_weights, next_byte_loss  # noqa: E402
 
 
@@ -261,11 +261,8 @@ def plot(logs: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    previous = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    try:
+    with deterministic_flag_restored():
         _main(argv)
-    finally:  # --deterministic sets a process-wide flag: leave it as found
-        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
 
 
 def _main(argv: list[str] | None = None) -> None:

@@ -5,7 +5,7 @@
     python benchmarks/eigh_floor.py --quick                 # tiny sizes: a smoke run
 
 dash_fn's state for peers.py's model (3 x Linear(d, d), block 256, eigh) takes one step on
-random gradients, so that its factor stacks hold G G^T (plus eps I in the solve); the stacks
+random gradients, so that its factor stacks hold G G^T; the stacks
 are then refreshed, timed three ways in turn per repetition (round-robin, median of ``--reps``):
 
 - **floor**: ``torch.get_num_threads()`` worker processes, each single-threaded (torch and
@@ -38,6 +38,7 @@ from dash_fn.roots.eigh import eigh_inverse_root
 
 sys.path.insert(0, os.path.dirname(__file__))
 from machine import machine_line  # noqa: E402
+from plain_step import timed  # noqa: E402
 
 
 def factor_stacks(d: int, block: int) -> tuple[list[torch.Tensor], dash_fn.DashConfig, list[int]]:
@@ -49,7 +50,7 @@ def factor_stacks(d: int, block: int) -> tuple[list[torch.Tensor], dash_fn.DashC
     grads = {k: torch.randn(v.shape, generator=gen) for k, v in params.items()}
     dash_fn.step(params, grads, state, lr=0.0, refresh=False)
     plan = state["plan"]
-    stacks = [state["factors", str(k), "F"] + config.eps * torch.eye(s.size) for k, s in enumerate(plan.factors)]
+    stacks = [state["factors", str(k), "F"] for k in range(len(plan.factors))]
     return stacks, config, [s.order for s in plan.factors]
 
 
@@ -92,12 +93,6 @@ class Floor:
         return [max(times) for times in zip(*per_worker)]
 
 
-def timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
 def main(argv=None) -> dict:
     class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
         """Each option's default, and the docstring (the epilog) as written."""
@@ -125,7 +120,7 @@ def main(argv=None) -> dict:
     for _ in range(args.reps):  # round-robin: machine load falls on every kind alike
         floor.run()
         for name, fn in kinds.items():
-            times[name].append(timed(fn))
+            times[name].append(timed(fn, 1))
     result = {"floor": statistics.median(floor.seconds()), **{name: statistics.median(t) for name, t in times.items()}}
     print(machine_line())
     print(f"3 x Linear({args.d_model}, {args.d_model}), block {args.block_size}: {len(blocks)} eighs of "

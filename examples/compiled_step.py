@@ -5,9 +5,12 @@
 ``torch.func.grad_and_value`` computes loss and gradients of a functional model; ``dash_fn.step``
 applies the update; the whole train step compiles with ``fullgraph=True``. The learning rate
 changes every step (warm-up then cosine) and is passed as a 0-d tensor, so it never recompiles.
-Roots refresh every ``--inv-root-freq`` steps, decided on the device (``torch.cond``: one graph)
-or, with ``--refresh host`` (the default on CUDA, where the step runs under CUDA graphs with
-``mode="reduce-overhead"``), by a flag from the host (two graphs). ``--deterministic`` (the
+Roots refresh every ``--inv-root-freq`` steps, by a flag from the host (``--refresh host``, the
+default: two graphs, a plain step and a refresh step; on CUDA the step runs under CUDA graphs
+with ``mode="reduce-overhead"``) or decided on the device (``--refresh device``: one graph with a
+``torch.cond``, whose branches return new root stacks that are copied back, so every step makes
+a few more passes over them: on the CPU a plain step of 3 x Linear(1024, 1024) took 34 ms
+instead of 28, ``benchmarks/plain_step.py``). ``--deterministic`` (the
 default) turns on ``torch.use_deterministic_algorithms``: without it Inductor's CPU code sums the
 embedding gradient with atomic adds from several threads, and runs differ in the last bits
 (benchmarks/RESULTS.md, issue 13).
@@ -79,7 +82,7 @@ def _main(argv: list[str] | None = None) -> None:
     parser.add_argument("--inv-root-freq", type=int, default=5, help="steps between inverse-root refreshes")
     parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (warm-up, then cosine decay)")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend")
-    parser.add_argument("--refresh", choices=["device", "host"], default=None, help="where the refresh decision is taken; when not given: host if --device is cuda, else device")
+    parser.add_argument("--refresh", choices=["device", "host"], default="host", help="where the refresh decision is taken")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     parser.add_argument("--d-model", type=int, default=128, help="model width")
     parser.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=True, help="torch.use_deterministic_algorithms (no measurable cost on CPU)")
@@ -89,7 +92,7 @@ def _main(argv: list[str] | None = None) -> None:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=args.device != "cpu")
     device = torch.device(args.device)
-    host_refresh = (args.refresh or ("host" if device.type == "cuda" else "device")) == "host"
+    host_refresh = args.refresh == "host"
     compile_kwargs = {"backend": args.backend}
     if device.type == "cuda" and args.backend == "inductor":
         compile_kwargs["mode"] = "reduce-overhead"  # CUDA graphs

@@ -136,8 +136,16 @@ class Optimizer:
                     group["lr"] = float(lr)
                 opt.step()
             return self.leaves
-        params, self.state = self.step(params, grads, self.state, lr=lr)
+        params, self.state = self.step(params, grads, self.state, lr=lr, refresh=self.refresh_now())
         return params
+
+    def refresh_now(self) -> bool | None:
+        """Whether DASH's next step refreshes its roots, read on the host where that is free
+        (CPU: two graphs, and plain steps skip the torch.cond's passes over the root stacks),
+        else None (decided on the device). None for the peers."""
+        if self.name in PEERS or self.state["step"].device.type != "cpu":
+            return None
+        return dash_fn.is_refresh_step(self.state["config"], int(self.state["step"]) + 1)
 
 
 @torch.no_grad()
@@ -147,25 +155,28 @@ def evaluate(loss_fn, params, data, args, seed) -> float:
 
 
 def train(name: str, peak_lr: float, seed: int, loss_fn, grad_fn, init_params: dict, corpus, args, progress, final: dict | None = None) -> dict:
-    """One run. Wall time counts the train steps after the first (which compiles; its time is
-    logged apart as compile_s), not the evaluations. ``final``, if given, receives the final
+    """One run. Wall time counts the train steps, not the evaluations, and not the first step
+    of each kind (the first, and DASH's first plain and refresh steps: they compile; their
+    time is logged apart as compile_s). ``final``, if given, receives the final
     parameters under the run's key ``OPTIMIZER@LR seed S``."""
     train_data, val_data = corpus
     params = {k: v.clone() for k, v in init_params.items()}
     opt = Optimizer(name, params, args)
     lr = torch.tensor(0.0, device=args.device)
     log = {"optimizer": name, "lr": peak_lr, "seed": seed, "compile_s": 0.0, "step": [], "train_loss": [], "wall": [], "val_step": [], "val_loss": [], "val_wall": []}
-    wall = 0.0
+    wall, kinds = 0.0, set()
     bar = progress(range(1, args.steps + 1), desc=f"{name}@{peak_lr:g} seed {seed}", leave=True)
     for t in bar:
         tokens = batch_at(train_data, t, args.batch, args.context, seed).to(args.device)
         lr.fill_(lr_at(t, args.steps, peak_lr, args.warmup))
+        kind = opt.refresh_now()
         start = time.perf_counter()
         grads, loss = grad_fn(params, tokens)
         params = opt.update(params, grads, lr)
         loss = float(loss)  # syncs: the wall time below covers the whole step
-        if t == 1:
-            log["compile_s"] = time.perf_counter() - start
+        if t == 1 or kind not in kinds:
+            log["compile_s"] += time.perf_counter() - start
+            kinds.add(kind)
         else:
             wall += time.perf_counter() - start
         log["step"].append(t)

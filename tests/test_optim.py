@@ -1,5 +1,6 @@
 """dash_fn.DASH, the torch.optim adapter: it equals the functional step bitwise, per group."""
 
+import math
 import warnings
 
 import pytest
@@ -187,8 +188,11 @@ def test_closure_is_evaluated_with_grad_and_its_loss_returned():
         assert torch.equal(p.detach(), want[k]), k
 
 
-def test_compiled_step_matches_eager_in_one_graph():
-    """One graph for all steps: a new lr every step (scheduler) and a skipped grad change nothing."""
+def test_compiled_step_matches_eager_in_two_graphs():
+    """On the CPU two graphs serve all steps (plain and refresh, picked on the host from the
+    state's counter): a new lr every step (scheduler), a parameter without grad and a skipped
+    non-finite step recompile neither, and the refresh schedule follows the counter past the
+    skip (step 4 is skipped, so the refresh due at 4 comes at the next call), as in eager."""
     shapes = {"w": (12, 10), "b": (10,)}  # one block: a small graph compiles fast
     runs = {}
     for compile in (False, {"backend": "aot_eager"}):
@@ -196,13 +200,17 @@ def test_compiled_step_matches_eager_in_one_graph():
         opt = dash_fn.DASH(params.values(), lr=0.01, compile=compile, block_size=16, solver="eigh", inv_root_freq=2)
         scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: 1 / (1 + t))
         counters.clear()
-        for t in range(1, 6):
-            set_grads(params, random_grads(params, t), skip={"b"} if t == 3 else ())
+        for t in range(1, 8):
+            grads = random_grads(params, t)
+            if t == 4:
+                grads["w"][0, 0] = math.nan
+            set_grads(params, grads, skip={"b"} if t == 3 else ())
             opt.step()
             scheduler.step()
         runs[bool(compile)] = values(params)
+        assert opt.skipped_steps() == [1]
         if compile:
-            assert counters["stats"]["unique_graphs"] == 1
+            assert counters["stats"]["unique_graphs"] == 2
             assert sum(counters["graph_break"].values()) == 0
     for k in runs[False]:
         torch.testing.assert_close(runs[True][k], runs[False][k], rtol=1e-5, atol=1e-6, msg=k)

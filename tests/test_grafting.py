@@ -80,11 +80,19 @@ def test_scale_invariance():
         assert (runs[0][k] - runs[1][k]).norm() <= 1e-5 * runs[0][k].norm(), k
 
 
-def test_block_norm_neither_overflows_nor_underflows():
-    """Squares of float32 entries near 1e20 (or 1e-30) leave float32's range; the norm does not."""
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_block_norm_neither_overflows_nor_underflows(compiled):
+    """Squares of float32 entries near 1e20 (or 1e-30) leave float32's range; the norm does
+    not, eager (direct norms where they are safe, the rest scaled) or compiled (all scaled),
+    in a stack that mixes such blocks with ordinary, zero and barely-out-of-range ones; and a
+    part of the stack gets the bits of the whole (a rank holding some of the blocks)."""
     from dash_fn.step import _block_norm
 
-    for value in (1e20, 1e-30):
-        X = torch.full((2, 256, 256), value)
-        expected = torch.linalg.vector_norm(X.double(), dim=(-2, -1), keepdim=True)
-        torch.testing.assert_close(_block_norm(X).double(), expected, rtol=1e-6, atol=0)
+    values = (1e20, 1e-30, 0.0, 1.0, 1e-15, 3e17)
+    X = torch.stack([v * torch.randn(256, 256) for v in values])
+    norm = torch.compile(_block_norm, fullgraph=True, backend="aot_eager") if compiled else _block_norm
+    expected = torch.linalg.vector_norm(X.double(), dim=(-2, -1), keepdim=True)
+    got = norm(X)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-6, atol=0)
+    for part in (slice(0, 1), slice(2, 5), slice(3, 4)):
+        assert torch.equal(norm(X[part].clone()), got[part])

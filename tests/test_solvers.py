@@ -23,6 +23,7 @@ import dash_fn
 from conftest import mixed_params, random_grads
 from dash_fn import DashConfig, start_vectors
 from dash_fn.roots import SOLVERS, inverse_root, refresh_roots, resolve_solver
+from dash_fn.roots import eigh as eigh_module
 from dash_fn.roots.eigh import eigh_inverse_root
 from dash_fn.roots.chebyshev import clenshaw, fit_coefficients
 from dash_fn.roots.cn import coupled_newton
@@ -574,10 +575,10 @@ def test_deterministic_batch_invariant_and_rng_free(solver, scaling):
 
 @pytest.mark.parametrize("b", [5, 13, 24])
 @pytest.mark.parametrize("solver", ["eigh", *MATMUL_SOLVERS])
-def test_a_block_gets_the_same_bits_at_any_position_and_thread_count(solver, b):
+def test_a_block_gets_the_same_bits_at_any_position_and_thread_count(solver, b, monkeypatch):
     """Oracle 19 for the distributed split: a block's root does not depend on where it sits
-    in the stack (odd sizes, whose blocks land at every alignment) or on torch's threads
-    (eigh splits the stack over them)."""
+    in the stack (odd sizes, whose blocks land at every alignment), on torch's threads (eigh
+    splits the stack over them) or on how many blocks a thread solves at once."""
     config = DashConfig(solver=solver, cheb_degree=12)
     X = spd_stack(20, b, 1e3, f32)
     whole = inverse_root(X, 4, config)
@@ -586,6 +587,8 @@ def test_a_block_gets_the_same_bits_at_any_position_and_thread_count(solver, b):
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
+        assert torch.equal(inverse_root(X, 4, config), whole)
+        monkeypatch.setattr(eigh_module, "CPU_CHUNK_ELEMENTS", 3 * b * b)  # chunks of 3 blocks
         assert torch.equal(inverse_root(X, 4, config), whole)
     finally:
         torch.set_num_threads(threads)

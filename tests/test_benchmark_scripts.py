@@ -110,13 +110,18 @@ def test_fsdp_bench_tiny_run():
 
 
 def test_refresh_memory_quick(capsys):
-    """Chunked refreshes hold about two stacks where whole-stack calls hold four to eleven."""
+    """Chunked refreshes hold at most two stacks where whole-stack calls of the matmul solvers
+    hold five to ten. (The CPU eigh op's temporaries live in its threads, a few blocks
+    each, out of the counter's sight: with every block finite its whole-stack call shows about
+    one stack, its output; the chunks are for the fallback's extra stacks.)"""
     import refresh_memory
 
     rows = refresh_memory.main(["--quick"])
     assert [r["solver"] for r in rows] == ["eigh", "ndb", "cn", "chebyshev"]
     for row in rows:
-        assert row["chunk"] < 96 and row["chunked"] < row["whole"], row
+        assert row["chunk"] < 96 and row["chunked"] <= 2 * row["stack"], row
+        if row["solver"] != "eigh":
+            assert row["whole"] >= 4 * row["stack"], row
     assert "| ndb | 96 x 32 x 32 |" in capsys.readouterr().out
 
 

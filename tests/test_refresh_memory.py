@@ -62,6 +62,20 @@ def test_the_workspace_table_bounds_each_solver(solver):
     assert memory.peak <= roots.WORKSPACE[solver] * F.numel() * F.element_size()
 
 
+def test_eager_cpu_eigh_with_finite_factors_solves_the_whole_stack(chunked):
+    """No substitution stack, and the eigh op's temporaries live in its threads: the refresh
+    holds its output alone (no chunks copied into a result), with the solver's bits."""
+    F = factor_stack(24, 32)
+    F[3, 0, 0] = 1.0  # every block finite
+    args = operands(F, "eigh")
+    assert roots.chunk_blocks(24, 32 * 32 * 4, "eigh") < 24
+    with PeakMemory() as memory:
+        new, failed = refresh_roots(*args)
+    stack = F.numel() * F.element_size()
+    assert memory.peak <= stack + 4096, memory.peak / stack
+    assert torch.equal(new, roots.inverse_root(F, 4, args[3])) and not failed.any()
+
+
 @pytest.mark.parametrize("solver", SOLVERS)
 def test_chunks_give_the_whole_stack_result_bitwise(chunked, solver):
     F = factor_stack(24, 32)

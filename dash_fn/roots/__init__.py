@@ -99,24 +99,28 @@ def refresh_roots(
 
     The stack is solved in chunks (:func:`chunk_blocks`), each written into the result, so
     that a refresh holds at most about two stacks: the result and one chunk's temporaries.
+    Eager eigh on the CPU with every factor finite solves the whole stack at once: there is no
+    substitution stack, and the eigh op works a few blocks at a time in its threads, so the
+    refresh holds its output and at most the fallback's selection (and saves the copy).
     """
     solver = resolve_solver(config, factors.device)
     count, size = factors.shape[0], factors.shape[-1]
     chunk = chunk_blocks(count, size * size * factors.element_size(), solver)
-    if chunk >= count:
-        return _refresh_chunk(factors, roots, p, config, start, solver)
+    finite_factor = finite_blocks(factors)
+    if chunk >= count or (solver == "eigh" and _all_true_on_host(finite_factor)):
+        return _refresh_chunk(factors, roots, finite_factor, p, config, start, solver)
     out = torch.empty_like(roots)
     fell_back = []
     for a in range(0, count, chunk):
-        new, failed = _refresh_chunk(factors[a : a + chunk], roots[a : a + chunk], p, config, start, solver)
-        out[a : a + chunk] = new
+        part = slice(a, a + chunk)
+        new, failed = _refresh_chunk(factors[part], roots[part], finite_factor[part], p, config, start, solver)
+        out[part] = new
         fell_back.append(failed)
         del new  # before the next chunk's temporaries
     return out, torch.cat(fell_back)
 
 
-def _refresh_chunk(factors, roots, p: int, config: DashConfig, start, solver: str) -> tuple[torch.Tensor, torch.Tensor]:
-    finite_factor = finite_blocks(factors)
+def _refresh_chunk(factors, roots, finite_factor, p: int, config: DashConfig, start, solver: str) -> tuple[torch.Tensor, torch.Tensor]:
     if _all_true_on_host(finite_factor):  # eager on the CPU: skip the substitution pass
         safe = factors
     else:

@@ -112,9 +112,8 @@ def refresh_roots(
     out = torch.empty_like(roots)
     fell_back = []
     for a in range(0, count, chunk):
-        part = slice(a, a + chunk)
-        new, failed = _refresh_chunk(factors[part], roots[part], finite_factor[part], p, config, start, solver)
-        out[part] = new
+        new, failed = _refresh_chunk(factors[a : a + chunk], roots[a : a + chunk], finite_factor[a : a + chunk], p, config, start, solver)
+        out[a : a + chunk] = new
         fell_back.append(failed)
         del new  # before the next chunk's temporaries
     return out, torch.cat(fell_back)

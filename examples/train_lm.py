@@ -127,7 +127,7 @@ class Optimizer:
             # dynamic=False: a second config's plan (another block size) would otherwise turn its ints symbolic
             self.step = torch.compile(dash_fn.step, fullgraph=True, backend=args.backend, dynamic=False) if args.backend != "none" else dash_fn.step
 
-    def update(self, params: dict, grads: dict, lr: torch.Tensor) -> dict:
+    def update(self, params: dict, grads: dict, lr: torch.Tensor, refresh: bool | None) -> dict:
         if self.name in PEERS:
             for k, g in grads.items():
                 self.leaves[k].grad = g
@@ -136,16 +136,14 @@ class Optimizer:
                     group["lr"] = float(lr)
                 opt.step()
             return self.leaves
-        params, self.state = self.step(params, grads, self.state, lr=lr, refresh=self.refresh_now())
+        params, self.state = self.step(params, grads, self.state, lr=lr, refresh=refresh)
         return params
 
-    def refresh_now(self) -> bool | None:
-        """Whether DASH's next step refreshes its roots, read on the host where that is free
-        (CPU: two graphs, and plain steps skip the torch.cond's passes over the root stacks),
-        else None (decided on the device). None for the peers."""
-        if self.name in PEERS or self.state["step"].device.type != "cpu":
-            return None
-        return dash_fn.is_refresh_step(self.state["config"], int(self.state["step"]) + 1)
+    def refresh_at(self, t: int) -> bool | None:
+        """Whether DASH's step ``t`` refreshes its roots, passed to the step as a static flag
+        (two graphs; plain steps skip a torch.cond's passes over the root stacks). None for
+        the peers."""
+        return None if self.name in PEERS else dash_fn.is_refresh_step(self.state["config"], t)
 
 
 @torch.no_grad()
@@ -169,10 +167,10 @@ def train(name: str, peak_lr: float, seed: int, loss_fn, grad_fn, init_params: d
     for t in bar:
         tokens = batch_at(train_data, t, args.batch, args.context, seed).to(args.device)
         lr.fill_(lr_at(t, args.steps, peak_lr, args.warmup))
-        kind = opt.refresh_now()
+        kind = opt.refresh_at(t)
         start = time.perf_counter()
         grads, loss = grad_fn(params, tokens)
-        params = opt.update(params, grads, lr)
+        params = opt.update(params, grads, lr, kind)
         loss = float(loss)  # syncs: the wall time below covers the whole step
         if t <= 2 or kind not in kinds:
             log["compile_s"] += time.perf_counter() - start

@@ -96,7 +96,8 @@ def _apply(plan: Plan, shard, config: DashConfig, state: TensorDict, params, gra
         grads = [guard.masked(ok, g, 0.0) for g in grads]
     t = state["step"] + 1
     state["step"].copy_(guard.choose(ok, t, state["step"]))
-    grafting_moments, momenta = _accumulate(local, config, state, blocks, products, t, ok)
+    corrections = _bias_corrections(config, local, t)
+    grafting_moments, momenta = _accumulate(local, config, state, blocks, products, corrections, ok)
     s = config.start_prec_step
     if s != math.inf and refresh is not False:
         _refresh(local, config, state, t, refresh, ok)
@@ -107,7 +108,7 @@ def _apply(plan: Plan, shard, config: DashConfig, state: TensorDict, params, gra
         directions = [_momentum(config, state["groups", str(g), "M"], P, ok) for g, P in enumerate(directions)]
     comm_dtype = None if config.comm_dtype is None else getattr(torch, config.comm_dtype)
     updates = shard.parameter_updates(plan, directions, comm_dtype)
-    new = _update_params(local, config, state, params, grads, updates, lr, t, ok)
+    new = _update_params(local, config, state, params, grads, updates, lr, corrections, ok)
     return [guard.choose(ok, x, W) if x is not W else W for x, W in zip(new, params)]
 
 
@@ -119,24 +120,43 @@ def _factor_products(group, G: torch.Tensor) -> list:
     return sides
 
 
-@torch.library.custom_op("dash_fn::bias_correction", mutates_args=())
-def _bias_correction(t: torch.Tensor, beta: float, dtype: torch.dtype, sqrt: bool = False) -> torch.Tensor:
-    """``1 - beta^t`` (0-d, ``dtype``), or its square root, computed once per step.
+def _bias_corrections(config: DashConfig, plan: Plan, t: torch.Tensor) -> dict:
+    """This step's bias corrections ``1 - beta^t`` by use, 0-d tensors (None where unused):
+    ``G`` of the gradient EMA, ``A`` of the grafting moment (its square root), ``m`` and ``v``
+    of the AdamW vectors (``v``'s square root)."""
+    wanted = {}
+    if config.bias_correction and config.beta_G > 0:
+        wanted["G"] = (config.beta_G, False)
+    if config.bias_correction and config.grafting == "adam":
+        wanted["A"] = (config.beta_graft, True)
+    if plan.adamw_numel:
+        wanted["m"], wanted["v"] = (config.adamw_beta1, False), (config.adamw_beta2, True)
+    found = dict.fromkeys(("G", "A", "m", "v"))
+    if wanted:
+        values = _corrections(t, [beta for beta, _ in wanted.values()], [root for _, root in wanted.values()], plan.dtype)
+        found.update(zip(wanted, values))
+    return found
 
-    An opaque op for torch.compile's sake: inlined, the scalar ``pow`` was recomputed in every
-    vector iteration of each Inductor kernel that reads it (Inductor compiles its CPU kernels
+
+@torch.library.custom_op("dash_fn::bias_corrections", mutates_args=())
+def _corrections(t: torch.Tensor, betas: list[float], roots: list[bool], dtype: torch.dtype) -> torch.Tensor:
+    """``1 - beta^t`` for each beta (its square root where ``roots`` says so), as one (n,) tensor.
+
+    One opaque op for torch.compile's sake: inlined, each scalar ``pow`` was recomputed in every
+    vector iteration of the Inductor kernels that read it (Inductor compiles its CPU kernels
     with libm's errno semantics, under which the compiler may not hoist the call), 2 ms of a 31
-    ms plain step for 3 x Linear(1024, 1024) at block 256 on a 2-core CPU."""
-    correction = 1 - beta ** t.to(dtype)
-    return correction.sqrt() if sqrt else correction
+    ms plain step for 3 x Linear(1024, 1024) at block 256 on a 2-core CPU; one call, because
+    entering a custom op costs about 0.1 ms."""
+    corrections = [1 - beta ** t.to(dtype) for beta in betas]
+    return torch.stack([c.sqrt() if root else c for c, root in zip(corrections, roots)])
 
 
-@_bias_correction.register_fake
-def _(t: torch.Tensor, beta: float, dtype: torch.dtype, sqrt: bool = False) -> torch.Tensor:
-    return t.new_empty((), dtype=dtype)
+@_corrections.register_fake
+def _(t: torch.Tensor, betas: list[float], roots: list[bool], dtype: torch.dtype) -> torch.Tensor:
+    return t.new_empty((len(betas),), dtype=dtype)
 
 
-def _accumulate(plan: Plan, config: DashConfig, state: TensorDict, blocks, products, t, ok):
+def _accumulate(plan: Plan, config: DashConfig, state: TensorDict, blocks, products, corrections: dict, ok):
     """Factor EMAs (b), grafting moments (c), gradient EMAs (e); every decay gated by ``ok``.
 
     Returns per group ``(A, sqrt(cA))`` and ``(Gt, cG)``: the moments and their bias corrections
@@ -159,16 +179,13 @@ def _accumulate(plan: Plan, config: DashConfig, state: TensorDict, blocks, produ
         A = entry["A"]
         if config.grafting == "adam":
             A.mul_(guard.gate(ok, config.beta_graft, dtype)).addcmul_(G, G, value=1 - config.beta_graft)
-            root_cA = _bias_correction(t, config.beta_graft, dtype, sqrt=True) if config.bias_correction else None
         else:
             A.addcmul_(G, G)
-            root_cA = None
-        moments.append((A, root_cA))
+        moments.append((A, corrections["A"]))
         if config.beta_G > 0:
             Gt = entry["Gt"]
             Gt.mul_(guard.gate(ok, config.beta_G, dtype)).add_(guard.masked(ok, G, -0.0), alpha=1 - config.beta_G)
-            cG = _bias_correction(t, config.beta_G, dtype) if config.bias_correction else None
-            momenta.append((Gt, cG))
+            momenta.append((Gt, corrections["G"]))
         else:
             momenta.append((G, None))
     return moments, momenta
@@ -268,10 +285,10 @@ def _momentum(config: DashConfig, M: torch.Tensor, P: torch.Tensor, ok) -> torch
     return P + config.mu * M if config.nesterov else M.clone()
 
 
-def _update_params(plan: Plan, config: DashConfig, state: TensorDict, params, grads, updates, lr, t, ok):
+def _update_params(plan: Plan, config: DashConfig, state: TensorDict, params, grads, updates, lr, corrections: dict, ok):
     """Weight decay (a) and the update (i) for matrices; AdamW (j) for vectors (``plan``
     describes the tensors this rank holds)."""
-    adamw_dirs = _adamw_directions(plan, config, state, grads, t, ok) if plan.adamw_numel else None
+    adamw_dirs = _adamw_directions(plan, config, state, grads, corrections, ok) if plan.adamw_numel else None
     out = []
     for p, W, update in zip(plan.params, params, updates):
         if p.kind == EMPTY or p.numel == 0:  # nothing of it on this rank
@@ -288,12 +305,12 @@ def _update_params(plan: Plan, config: DashConfig, state: TensorDict, params, gr
     return out
 
 
-def _adamw_directions(plan: Plan, config: DashConfig, state: TensorDict, grads, t, ok) -> torch.Tensor:
+def _adamw_directions(plan: Plan, config: DashConfig, state: TensorDict, grads, corrections: dict, ok) -> torch.Tensor:
     """Bias-corrected Adam direction of all AdamW vectors, in one flat buffer (j)."""
     g = torch.cat([x.reshape(-1) for p, x in zip(plan.params, grads) if p.kind == ADAMW]).to(plan.dtype)
     m, v = state["adamw", "m"], state["adamw", "v"]
     b1, b2 = config.adamw_beta1, config.adamw_beta2
     m.mul_(guard.gate(ok, b1, plan.dtype)).add_(guard.masked(ok, g, -0.0), alpha=1 - b1)
     v.mul_(guard.gate(ok, b2, plan.dtype)).addcmul_(g, g, value=1 - b2)
-    denom = v.sqrt() / _bias_correction(t, b2, plan.dtype, sqrt=True) + config.adamw_eps
-    return m / denom / _bias_correction(t, b1, plan.dtype)
+    denom = v.sqrt() / corrections["v"] + config.adamw_eps
+    return m / denom / corrections["m"]

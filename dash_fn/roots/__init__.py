@@ -17,6 +17,7 @@ from ..config import DashConfig
 from .chebyshev import chebyshev_inverse_root
 from .cn import cn_inverse_root
 from .eigh import eigh_inverse_root
+from .identity import identity_matrix
 from .ndb import ndb_inverse_root
 
 # solver name -> fn(X, p, config, start_vectors) -> X^{-1/p}
@@ -123,7 +124,7 @@ def _refresh_chunk(factors, roots, finite_factor, p: int, config: DashConfig, st
     if _all_true_on_host(finite_factor):  # eager on the CPU: skip the substitution pass
         safe = factors
     else:
-        identity = torch.eye(factors.shape[-1], dtype=factors.dtype, device=factors.device)
+        identity = identity_matrix(factors.shape[-1], factors.dtype, factors.device)
         safe = torch.where(finite_factor[:, None, None], factors, identity)
     new = SOLVERS[solver](safe, p, config, start)
     ok = finite_factor & finite_blocks(new)

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ..config import DashConfig
+from .identity import identity_matrix
 from .masking import flag_diverged
 from .matmul import rounded_matmul
 from .scaling import matrix_scale, root
@@ -58,7 +59,7 @@ def chebyshev_coefficients(delta: float, degree: int, p: float) -> tuple[float, 
 
 def clenshaw(S: torch.Tensor, coefficients: tuple[float, ...], matmul_dtype: str = "float32") -> torch.Tensor:
     """``sum_k c_k T_k(S)`` for a (K, b, b) stack S, with ``len(coefficients) - 2`` products."""
-    identity = torch.eye(S.shape[-1], dtype=S.dtype, device=S.device)
+    identity = identity_matrix(S.shape[-1], S.dtype, S.device)
     c = coefficients
     d = len(c) - 1
     after = c[d] * identity  # b_{k+2}
@@ -72,7 +73,7 @@ def chebyshev_inverse_root(X: torch.Tensor, p: int, config: DashConfig, start: t
     """``~(X + cheb_eps s I)^{-1/p}`` per block: a degree ``cheb_degree`` Chebyshev polynomial
     (NaN for blocks whose spectrum left the fitted interval far enough to explode)."""
     s = matrix_scale(X, config, start)
-    identity = torch.eye(X.shape[-1], dtype=X.dtype, device=X.device)
+    identity = identity_matrix(X.shape[-1], X.dtype, X.device)
     S = 2 * (X / s) - identity
     coefficients = chebyshev_coefficients(config.cheb_eps, config.cheb_degree, p)
     q = clenshaw(S, coefficients, config.matmul_dtype)

@@ -30,6 +30,7 @@ from typing import Callable
 import torch
 
 from ..config import DashConfig
+from .identity import identity_matrix
 from .masking import diverging, flag_diverged, residual, select
 from .matmul import rounded_matmul, stacked_matmul
 from .scaling import matrix_scale, root
@@ -66,7 +67,7 @@ def coupled_newton(
     None) enables masking. ``trace(k, Y_k, M_k)`` is called after iterations 1..steps-1 (the
     last one does not form M) to observe the invariant ``M_k = Y_k^p Xr``.
     """
-    identity = torch.eye(Xr.shape[-1], dtype=Xr.dtype, device=Xr.device)
+    identity = identity_matrix(Xr.shape[-1], Xr.dtype, Xr.device)
     z = (p + 1) / (2 * s)
     M = z * Xr
     active = torch.ones_like(s, dtype=torch.bool) if tol is not None else None
@@ -90,7 +91,7 @@ def coupled_newton(
 def cn_inverse_root(X: torch.Tensor, p: int, config: DashConfig, start: torch.Tensor | None) -> torch.Tensor:
     """``(X + eps I)^{-1/p}`` per block by coupled Newton with ``config.newton_steps`` iterations
     (NaN for blocks that diverged)."""
-    identity = torch.eye(X.shape[-1], dtype=X.dtype, device=X.device)
+    identity = identity_matrix(X.shape[-1], X.dtype, X.device)
     Xr = X + config.eps * identity
     s = matrix_scale(Xr, config, start)
 

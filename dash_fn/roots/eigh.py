@@ -6,6 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from .identity import identity_matrix
 from .matmul import aligned_width
 from .scaling import root
 
@@ -32,7 +33,7 @@ def eigh_inverse_root(X: torch.Tensor, p: int, *, eps: float, heuristic: str) ->
 
 def shifted(X: torch.Tensor, eps: float) -> torch.Tensor:
     """``X + eps I`` for each block of a (K, b, b) stack."""
-    return X + eps * torch.eye(X.shape[-1], dtype=X.dtype, device=X.device)
+    return X + eps * identity_matrix(X.shape[-1], X.dtype, X.device)
 
 
 def spectral_root(mu: torch.Tensor, Q: torch.Tensor, p: int, eps: float, heuristic: str, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import torch
 
+from .identity import identity_matrix
+
 # Residual above which an iterate has certainly left the basin (exact iterates stay <= 1).
 DIVERGED = 2.0
 
 
 def residual(R: torch.Tensor) -> torch.Tensor:
     """``max_ij |R - I|`` per block, (K, 1, 1)."""
-    identity = torch.eye(R.shape[-1], dtype=R.dtype, device=R.device)
+    identity = identity_matrix(R.shape[-1], R.dtype, R.device)
     return (R - identity).abs().amax(dim=(-2, -1), keepdim=True)
 
 

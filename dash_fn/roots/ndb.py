@@ -33,6 +33,7 @@ from typing import Callable
 import torch
 
 from ..config import DashConfig
+from .identity import identity_matrix
 from .masking import diverging, flag_diverged, residual, select
 from .matmul import rounded_matmul, stacked_matmul
 from .scaling import matrix_scale
@@ -58,7 +59,7 @@ def denman_beavers(
     """
     if root not in ("sqrt", "inv_sqrt"):
         raise ValueError(f"denman_beavers: root must be 'sqrt' or 'inv_sqrt', got {root!r}")
-    identity = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
+    identity = identity_matrix(A.shape[-1], A.dtype, A.device)
     Y, Z = A, identity.expand_as(A)
     diverged = torch.zeros((A.shape[0], 1, 1), dtype=torch.bool, device=A.device)
     active = torch.ones_like(diverged) if tol is not None else None
@@ -101,7 +102,7 @@ def ndb_root(
 def ndb_inverse_root(X: torch.Tensor, p: int, config: DashConfig, start: torch.Tensor | None) -> torch.Tensor:
     """``(X + eps I)^{-1/p}`` per block by NDB with ``config.newton_steps`` iterations per call
     (NaN for blocks that diverged); p a power of two."""
-    identity = torch.eye(X.shape[-1], dtype=X.dtype, device=X.device)
+    identity = identity_matrix(X.shape[-1], X.dtype, X.device)
     Xr = X + config.eps * identity
 
     def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -81,6 +81,8 @@ MUTATIONS = [
              "        d = mu.abs()", "        d = lam.abs()", ("tests/test_reference_agreement.py", "-k", "abs-heuristic")),
     Mutation("ndb: a wrong Newton-Schulz coefficient", "dash_fn/roots/ndb.py",
              "E = 1.5 * identity - 0.5 * ZY", "E = 1.5 * identity - 0.45 * ZY", ("tests/test_solvers.py", "-k", "ndb")),
+    Mutation("identity: an upper-triangular matrix of ones", "dash_fn/roots/identity.py",
+             "(index[:, None] == index[None, :])", "(index[:, None] <= index[None, :])", ("tests/test_solvers.py", "-k", "test_identity")),
     Mutation("chebyshev: the scale's root not divided out", "dash_fn/roots/chebyshev.py",
              "return flag_diverged(q / root(s, p), extrapolated)", "return flag_diverged(q, extrapolated)",
              ("tests/test_solvers.py", "-k", "chebyshev")),

@@ -25,6 +25,7 @@ from dash_fn import DashConfig, start_vectors
 from dash_fn.roots import SOLVERS, inverse_root, refresh_roots, resolve_solver
 from dash_fn.roots import eigh as eigh_module
 from dash_fn.roots.eigh import eigh_inverse_root
+from dash_fn.roots.identity import identity_matrix
 from dash_fn.roots.chebyshev import clenshaw, fit_coefficients
 from dash_fn.roots.cn import coupled_newton
 from dash_fn.roots.ndb import denman_beavers, ndb_root
@@ -260,6 +261,17 @@ def test_identity(solver, dtype):
         shift = config.cheb_eps * 4.0 if solver == "chebyshev" else config.eps  # ||I||_F = 4
         expected = (1 + shift) ** (-1.0 / p) * identity
         torch.testing.assert_close(inverse_root(identity, p, config), expected, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_identity_matrix_is_torch_eye(dtype):
+    """The solvers' identity (built from aranges, for Inductor's sake) has torch.eye's values,
+    eager and compiled."""
+    compiled = torch.compile(identity_matrix, fullgraph=True, backend="aot_eager")
+    for n in (1, 5, 128, 300):
+        for build in (identity_matrix, compiled):
+            got = build(n, dtype, torch.device("cpu"))
+            assert got.dtype == dtype and torch.equal(got, torch.eye(n, dtype=dtype)), (n, build)
 
 
 @DTYPES

@@ -1,7 +1,7 @@
 """The plain (non-refresh) DASH step beside its own batched products, and where the rest goes.
 
     python benchmarks/plain_step.py                   # 3 x Linear(1024, 1024) + bias, block 256
-    python benchmarks/plain_step.py --profile         # also the eager step's top operators
+    python benchmarks/plain_step.py --profile         # also the steps' top operators and compiled kernels
     python benchmarks/plain_step.py --quick           # tiny sizes: a smoke run
 
 A plain step's arithmetic is four batched products per block stack (G G^T and G^T G for the
@@ -88,12 +88,16 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--reps", type=int, default=7, help="round-robin repetitions (medians reported)")
     parser.add_argument("--window", type=int, default=10, help="consecutive calls per repetition, as in training (their median is the repetition's time)")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend of the compiled step")
-    parser.add_argument("--profile", action="store_true", help="print the eager and compiled steps' top operators (torch.profiler)")
+    parser.add_argument("--profile", action="store_true", help="print the eager and compiled steps' top operators and Inductor kernels (torch.profiler)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (d_model 64, block 32, 3 reps): a smoke run")
     args = parser.parse_args(argv)
     if args.quick:
         args.d_model, args.block_size, args.reps, args.window = 64, 32, 3, 2
 
+    if args.profile:  # name Inductor's generated kernels in the profile (before compiling)
+        from torch._inductor import config as inductor_config
+
+        inductor_config.cpp.enable_kernel_profile = True
     shapes = block_shapes(args.d_model, args.block_size, args.layers)
     runs = {
         "batched products": products(shapes),

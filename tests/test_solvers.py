@@ -400,10 +400,12 @@ def test_masked_blocks_freeze_and_ignore_their_companions(solver):
 # --- failures surface as non-finite roots; the step keeps the old ones ----------------
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("solver", ["eigh", *MATMUL_SOLVERS])
-def test_non_finite_blocks_keep_their_previous_root(solver):
+def test_non_finite_blocks_keep_their_previous_root(solver, compiled):
     """Oracle 16 at the stack level: the bad block keeps its old root bitwise, the others get
-    exactly the roots of a clean refresh, one fallback is counted."""
+    exactly the roots of a clean refresh, one fallback is counted; compiled too (the masked
+    form, or for eigh on the CPU the eager refresh inside one opaque op)."""
     config = solver_config(solver)
     F = spd_stack(4, 16, 1e2, f32)
     old = torch.randn(4, 16, 16, generator=torch.Generator().manual_seed(9))
@@ -411,7 +413,8 @@ def test_non_finite_blocks_keep_their_previous_root(solver):
     clean, _ = refresh_roots(F, old, 4, config, V0)
     bad = F.clone()
     bad[2, 3, 5] = float("nan")
-    roots, fallbacks = refresh_roots(bad, old, 4, config, V0)
+    refresh = torch.compile(refresh_roots, fullgraph=True, backend="aot_eager") if compiled else refresh_roots
+    roots, fallbacks = refresh(bad, old, 4, config, V0)
     assert int(fallbacks.sum()) == 1
     assert torch.equal(roots[2], old[2])
     assert torch.equal(roots[[0, 1, 3]], clean[[0, 1, 3]])

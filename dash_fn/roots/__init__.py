@@ -100,11 +100,14 @@ def refresh_roots(
 
     The stack is solved in chunks (:func:`chunk_blocks`), each written into the result, so
     that a refresh holds at most about two stacks: the result and one chunk's temporaries.
-    Eager eigh on the CPU with every factor finite solves the whole stack at once: there is no
+    eigh on the CPU with every factor finite solves the whole stack at once: there is no
     substitution stack, and the eigh op works a few blocks at a time in its threads, so the
     refresh holds its output and at most the fallback's selection (and saves the copy).
+    Compiled, eigh on the CPU runs this eager refresh inside one opaque op.
     """
     solver = resolve_solver(config, factors.device)
+    if solver == "eigh" and factors.device.type == "cpu" and torch.compiler.is_compiling():
+        return _cpu_eigh_refresh(factors, roots, p, config.eps, config.eigh_heuristic)
     count, size = factors.shape[0], factors.shape[-1]
     chunk = chunk_blocks(count, size * size * factors.element_size(), solver)
     finite_factor = finite_blocks(factors)
@@ -118,6 +121,21 @@ def refresh_roots(
         fell_back.append(failed)
         del new  # before the next chunk's temporaries
     return out, torch.cat(fell_back)
+
+
+@torch.library.custom_op("dash_fn::cpu_eigh_refresh", mutates_args=())
+def _cpu_eigh_refresh(factors: torch.Tensor, roots: torch.Tensor, p: int, eps: float, heuristic: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`refresh_roots` with eigh on the CPU, run eagerly inside one op opaque to
+    torch.compile, so that a compiled step gets the eager refresh: the finiteness flags are
+    read on the host (free on the CPU), so with every factor finite there is no substitution
+    pass, no selection pass and no chunking, where a compiled graph must run the masked form
+    (benchmarks/RESULTS.md, issue 12). Same bits: each block's root does not depend on them."""
+    return refresh_roots(factors, roots, p, DashConfig(solver="eigh", eps=eps, eigh_heuristic=heuristic), None)
+
+
+@_cpu_eigh_refresh.register_fake
+def _(factors: torch.Tensor, roots: torch.Tensor, p: int, eps: float, heuristic: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(roots), factors.new_empty(factors.shape[:1], dtype=torch.bool)
 
 
 def _refresh_chunk(factors, roots, finite_factor, p: int, config: DashConfig, start, solver: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 
 from ..config import DashConfig
-from .identity import identity_matrix
+from .identity import identity_matrix, shifted
 from .masking import diverging, flag_diverged, residual, select
 from .matmul import rounded_matmul, stacked_matmul
 from .scaling import matrix_scale, root
@@ -91,8 +91,7 @@ def coupled_newton(
 def cn_inverse_root(X: torch.Tensor, p: int, config: DashConfig, start: torch.Tensor | None) -> torch.Tensor:
     """``(X + eps I)^{-1/p}`` per block by coupled Newton with ``config.newton_steps`` iterations
     (NaN for blocks that diverged)."""
-    identity = identity_matrix(X.shape[-1], X.dtype, X.device)
-    Xr = X + config.eps * identity
+    Xr = shifted(X, config.eps)
     s = matrix_scale(Xr, config, start)
 
     def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from .identity import identity_matrix
+from .identity import shifted
 from .matmul import aligned_width
 from .scaling import root
 
@@ -29,11 +29,6 @@ def eigh_inverse_root(X: torch.Tensor, p: int, *, eps: float, heuristic: str) ->
     # X's root is the top-left corner; contiguous: both branches of the refresh torch.cond
     # must return equal strides
     return out[..., :b, :b].contiguous()
-
-
-def shifted(X: torch.Tensor, eps: float) -> torch.Tensor:
-    """``X + eps I`` for each block of a (K, b, b) stack."""
-    return X + eps * identity_matrix(X.shape[-1], X.dtype, X.device)
 
 
 def spectral_root(mu: torch.Tensor, Q: torch.Tensor, p: int, eps: float, heuristic: str, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The identity matrix of the solvers, in the form torch.compile handles well."""
+"""The identity matrix of the solvers, in the form torch.compile handles well, and shifts by it."""
 
 from __future__ import annotations
 
@@ -14,3 +14,8 @@ def identity_matrix(n: int, dtype: torch.dtype, device: torch.device) -> torch.T
     this form, and NDB forms such terms twice per iteration."""
     index = torch.arange(n, device=device)
     return (index[:, None] == index[None, :]).to(dtype)
+
+
+def shifted(X: torch.Tensor, eps: float) -> torch.Tensor:
+    """``X + eps I`` for each block of a (K, b, b) stack."""
+    return X + eps * identity_matrix(X.shape[-1], X.dtype, X.device)

@@ -33,7 +33,7 @@ from typing import Callable
 import torch
 
 from ..config import DashConfig
-from .identity import identity_matrix
+from .identity import identity_matrix, shifted
 from .masking import diverging, flag_diverged, residual, select
 from .matmul import rounded_matmul, stacked_matmul
 from .scaling import matrix_scale
@@ -102,8 +102,7 @@ def ndb_root(
 def ndb_inverse_root(X: torch.Tensor, p: int, config: DashConfig, start: torch.Tensor | None) -> torch.Tensor:
     """``(X + eps I)^{-1/p}`` per block by NDB with ``config.newton_steps`` iterations per call
     (NaN for blocks that diverged); p a power of two."""
-    identity = identity_matrix(X.shape[-1], X.dtype, X.device)
-    Xr = X + config.eps * identity
+    Xr = shifted(X, config.eps)
 
     def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return rounded_matmul(a, b, config.matmul_dtype)

@@ -264,9 +264,12 @@ def _direction(plan: Plan, config: DashConfig, state: TensorDict, g: int, moment
     """Adam direction D (f), and for t >= s the grafted Shampoo direction (g)."""
     Gt, cG = momentum
     A, root_cA = moment
-    first = Gt if cG is None else Gt / cG
-    denom = A.sqrt() if root_cA is None else A.sqrt() / root_cA
-    D = first / (denom + config.eps_graft)
+    # D = (Gt / cG) / (sqrt(A) / sqrt(cA) + eps), op for op, in place on its two temporaries
+    denom = A.sqrt()
+    if root_cA is not None:
+        denom.div_(root_cA)
+    denom.add_(config.eps_graft)
+    D = Gt / denom if cG is None else (Gt / cG).div_(denom)
     s = config.start_prec_step
     if s == math.inf:
         return D
@@ -276,7 +279,7 @@ def _direction(plan: Plan, config: DashConfig, state: TensorDict, g: int, moment
     if group.right is not None:
         U = stacked_matmul(U, state["factors", str(group.right.stack), "Fbar"][group.right.offset : group.right.offset + group.count])
     graft = torch.linalg.vector_norm(D, dim=(-2, -1), keepdim=True)
-    P = U * (graft / (_block_norm(U) + 1e-16))
+    P = U.mul_(graft / (_block_norm(U) + 1e-16))  # U: this step's own product
     return P if s == 1 else torch.where(t >= s, P, D)
 
 

@@ -3,6 +3,7 @@
     python benchmarks/plain_step.py                   # 3 x Linear(1024, 1024) + bias, block 256
     python benchmarks/plain_step.py --profile         # also the steps' top operators and compiled kernels
     python benchmarks/plain_step.py --quick           # tiny sizes: a smoke run
+    python benchmarks/plain_step.py --retain-freed-memory   # glibc keeps freed memory (no page faults)
 
 A plain step's arithmetic is four batched products per block stack (G G^T and G^T G for the
 factors, L^{-1/4} G and (.) R^{-1/4} for the direction) plus elementwise passes; this script
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import time
 
@@ -80,6 +82,11 @@ def timed(fn, window: int) -> float:
     return statistics.median(times)
 
 
+def page_faults() -> int:
+    """Minor page faults of this process so far: each is a fresh page the allocator had given back."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--d-model", type=int, default=1024, help="the model is LAYERS x Linear(d_model, d_model) with bias")
@@ -90,7 +97,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--backend", default="inductor", help="torch.compile backend of the compiled step")
     parser.add_argument("--profile", action="store_true", help="print the eager and compiled steps' top operators and Inductor kernels (torch.profiler)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (d_model 64, block 32, 3 reps): a smoke run")
+    parser.add_argument("--retain-freed-memory", action="store_true", help="call dash_fn.retain_freed_cpu_memory() first (glibc keeps freed memory: no page faults)")
     args = parser.parse_args(argv)
+    if args.retain_freed_memory and not dash_fn.retain_freed_cpu_memory():
+        raise SystemExit("--retain-freed-memory: the C library is not glibc")
     if args.quick:
         args.d_model, args.block_size, args.reps, args.window = 64, 32, 3, 2
 
@@ -104,21 +114,24 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         "compiled step": adapter(args.d_model, args.block_size, args.layers, {"backend": args.backend}),
         "eager step": adapter(args.d_model, args.block_size, args.layers, False),
     }
-    times = {k: [] for k in runs}
+    times, faults = {k: [] for k in runs}, {k: [] for k in runs}
     load = os.getloadavg()[0]
     for _ in range(args.reps):
         for name, fn in runs.items():
+            before = page_faults()
             times[name].append(timed(fn, args.window))
+            faults[name].append((page_faults() - before) / args.window)
     ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
     print(
         f"{args.layers} x Linear({args.d_model}, {args.d_model}) + bias, block {args.block_size} ({len(shapes)} blocks); "
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, load {load:.2f} at start; medians of {args.reps} round-robin "
-        f"repetitions of {args.window} consecutive calls\n"
+        f"repetitions of {args.window} consecutive calls; "
+        f"{'dash_fn.retain_freed_cpu_memory()' if args.retain_freed_memory else 'default glibc malloc settings'}\n"
     )
-    print("| what | ms | x products |")
-    print("|---|---|---|")
+    print("| what | ms | x products | page faults per call |")
+    print("|---|---|---|---|")
     for name, value in ms.items():
-        print(f"| {name} | {value:.2f} | {value / ms['batched products']:.2f} |")
+        print(f"| {name} | {value:.2f} | {value / ms['batched products']:.2f} | {statistics.median(faults[name]):.0f} |")
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 

@@ -4,6 +4,7 @@
     python benchmarks/peers.py --d-model 2048 --reps 9
     python benchmarks/peers.py --quick               # tiny sizes: a smoke run
     python benchmarks/peers.py --only dash-eager adamw
+    python benchmarks/peers.py --retain-freed-memory  # glibc keeps freed memory, for every row
 
 The model is Distributed Shampoo's own kind of benchmark model: 3 x Linear(d, d) with bias.
 Every optimizer gets its own copy of the same initial parameters and of the same fixed
@@ -456,7 +457,10 @@ def main(argv=None) -> None:
     keys = [p.key for p in PEERS]
     parser.add_argument("--only", nargs="+", choices=keys, metavar="ROW", help=f"run only these rows, of {keys}")
     parser.add_argument("--skip", nargs="+", choices=keys, default=[], metavar="ROW", help="leave these rows out")
+    parser.add_argument("--retain-freed-memory", action="store_true", help="call dash_fn.retain_freed_cpu_memory() first: the process (every row alike) reuses freed memory instead of faulting it in again")
     args = parser.parse_args(argv)
+    if args.retain_freed_memory and not dash_fn.retain_freed_cpu_memory():
+        parser.error("--retain-freed-memory: the C library is not glibc")
     if args.quick:
         args.d_model, args.block_size, args.reps = 64, 32, 2
     if args.start < FREQS[1]:
@@ -467,6 +471,7 @@ def main(argv=None) -> None:
     load_start = loadavg()
     print(f"machine: {machine_line(load_start)} (at start)")
     print(f"model: 3 x Linear({args.d_model}, {args.d_model}) with bias, block {args.block_size}, preconditioning from step {args.start}, {args.reps} round-robin reps, medians")
+    print(f"allocator: {'dash_fn.retain_freed_cpu_memory() (freed memory kept for reuse)' if args.retain_freed_memory else 'glibc defaults (freed memory may go back to the OS)'}")
 
     peers = [dataclasses.replace(p, name=p.name.format(block=args.block_size)) for p in PEERS]
     chosen = [p for p in peers if (args.only is None or p.key in args.only) and p.key not in args.skip]

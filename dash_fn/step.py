@@ -17,7 +17,7 @@ from .distributed.fsdp import like, to_local
 from .inputs import check_step_inputs, flatten, order_like_plan, rebuild
 from .plan import ADAMW, EMPTY, SEGMENTS, Plan
 from .roots import refresh_roots
-from .roots.matmul import stacked_matmul
+from .roots.matmul import aligned_width, stacked_matmul
 
 
 def is_refresh_step(config: DashConfig, t: int) -> bool:
@@ -79,10 +79,16 @@ def _apply(plan: Plan, shard, config: DashConfig, state: TensorDict, params, gra
     the non-finite guard (:mod:`dash_fn.guard`) a step that is not all finite changes nothing."""
     local = shard.local
     blocks = shard.gradient_blocks(plan, grads)
-    products = [_factor_products(group, G) for group, G in zip(local.groups, blocks)]
+    vectors = [x for p, x in zip(local.params, grads) if p.kind == ADAMW]
+    # eager on the CPU the factor EMAs run inside their products (baddbmm), when no product
+    # can overflow (every rank must agree, so the bound is all-reduced); else the products are
+    # formed first and their diagonals checked
+    fuse = not torch.compiler.is_compiling() and all(G.device.type == "cpu" for G in blocks)
+    if fuse and config.skip_nonfinite:
+        fuse = bool(shard.all_ranks(guard.products_bounded(vectors, blocks)))
+    products = [_factor_products(group, G, fuse) for group, G in zip(local.groups, blocks)]
     ok = None
-    if config.skip_nonfinite:
-        vectors = [x for p, x in zip(local.params, grads) if p.kind == ADAMW]
+    if config.skip_nonfinite and not fuse:
         ok = shard.all_ranks(guard.all_finite(vectors, [X for sides in products for _, X in sides]))
     if ok is not None and guard.decided_on_host(ok):  # eager on the CPU: branch instead of masking
         if not bool(ok):
@@ -112,12 +118,20 @@ def _apply(plan: Plan, shard, config: DashConfig, state: TensorDict, params, gra
     return [guard.choose(ok, x, W) if x is not W else W for x, W in zip(new, params)]
 
 
-def _factor_products(group, G: torch.Tensor) -> list:
-    """``(factor slice, G G^T)`` and, two-sided, ``(factor slice, G^T G)`` of a block stack."""
-    sides = [(group.left, stacked_matmul(G, G.mT))]
+def _factor_products(group, G: torch.Tensor, fuse: bool) -> list:
+    """``(factor slice, G G^T)`` and, two-sided, ``(factor slice, G^T G)`` of a block stack.
+
+    With ``fuse``, a side whose blocks are whole 64-byte rows gets its operands ``(G, G^T)``
+    instead of the product: :func:`_accumulate` multiplies them into the factor (baddbmm), which
+    saves writing the product and two passes over the factor. (Other sizes keep the product:
+    see :func:`stacked_matmul` on where MKL's rounding depends on the output's alignment.)"""
+    sides = [(group.left, G, G.mT)]
     if group.right is not None:
-        sides.append((group.right, stacked_matmul(G.mT, G)))
-    return sides
+        sides.append((group.right, G.mT, G))
+    return [
+        (side, (a, b) if fuse and aligned_width(a.shape[-2], a.dtype) == a.shape[-2] else stacked_matmul(a, b))
+        for side, a, b in sides
+    ]
 
 
 def _bias_corrections(config: DashConfig, plan: Plan, t: torch.Tensor) -> dict:
@@ -168,7 +182,10 @@ def _accumulate(plan: Plan, config: DashConfig, state: TensorDict, blocks, produ
         entry = state["groups", str(g)]
         for side, X in sides:
             F = state["factors", str(side.stack), "F"][side.offset : side.offset + group.count]
-            if config.beta_LR < 1 and torch.compiler.is_compiling():
+            if isinstance(X, tuple):  # the product's operands: F <- beta F + (1 - beta) a b in one call
+                beta = config.beta_LR
+                F.baddbmm_(*X, beta=beta, alpha=1 - beta if beta < 1 else 1.0)
+            elif config.beta_LR < 1 and torch.compiler.is_compiling():
                 # the same arithmetic as one write to the slice: Inductor turns each in-place op
                 # on a slice into a masked scatter over the whole stack, and two of them per
                 # side into a nest of masked loads (about 2 ms of a 30 ms plain step; same bits)

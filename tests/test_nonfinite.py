@@ -46,6 +46,36 @@ def test_a_bad_step_changes_nothing(fault):
     assert_equal_states(state, clean_state)
 
 
+@pytest.mark.parametrize("where", ["square", "rect"])
+@pytest.mark.parametrize("fault", ["nan", "overflowing product", "overflowing column"])
+def test_a_bad_step_changes_nothing_where_the_factor_update_is_fused(fault, where):
+    """At block 32 (float32 rows of whole 64-byte lines) eager CPU steps form the factor EMA
+    inside its product (baddbmm) when every block is below the bound that keeps the products
+    finite; a spoiled block is not, so its products are formed and checked as at block 24."""
+    config = CONFIG.replace(block_size=32)
+    clean, clean_state = run(config=config)
+    params, state = run(faulty_step=3, fault=fault, config=config, where=where)
+    for name in clean:
+        assert torch.equal(params[name], clean[name]), name
+    assert int(state["skipped"]) == 1
+    state["skipped"].zero_()
+    assert_equal_states(state, clean_state)
+
+
+def test_a_block_above_the_bound_with_finite_products_still_steps():
+    """One entry of 2e18 in a 32-block: above the fused path's bound (sqrt(3.4e38 / 128) =
+    1.6e18) but its products (4e36) are finite, so the step counts, through the checked path."""
+    config = CONFIG.replace(block_size=32)
+    params = mixed_params()
+    state = dash_fn.init(params, config)
+    grads = random_grads(params, 1)
+    grads["square"][0, 0] = 2e18
+    new, state = dash_fn.step(params, grads, state, lr=1e-2)
+    assert int(state["skipped"]) == 0 and int(state["step"]) == 1
+    assert all(torch.isfinite(x).all() for x in tensors(state).values())
+    assert not torch.equal(new["square"], params["square"])
+
+
 @pytest.mark.parametrize("where", ["square", "conv", "bias", "vec", "scalar"])
 def test_a_fault_anywhere_is_seen(where):
     """Wherever the NaN sits (a block's gradient is read only through its products' diagonals,

@@ -18,8 +18,13 @@ def run(step_fn, config, dtype, steps, shapes=None):
 
 @pytest.mark.parametrize("one_dim", ["adamw", "shampoo"])
 def test_fullgraph_aot_eager_matches_eager(one_dim):
-    """Device-side refresh schedule (torch.cond) and a new lr every step: one graph, no break."""
-    config = dash_fn.DashConfig(block_size=24, solver="eigh", inv_root_freq=3, start_prec_step=2, mu=0.5, one_dim=one_dim)
+    """Device-side refresh schedule (torch.cond) and a new lr every step: one graph, no break.
+
+    eps = 1e-6: eager on the CPU the factor EMA of aligned blocks runs inside its product
+    (baddbmm), compiled as a product and an update, so the factors differ by rounding (1e-14
+    here), which eps = 1e-10 amplifies in rank-deficient factors' roots to 1e-5 (eps^{-1/4});
+    at 1e-6 the parameters (of size 1-4) agree to 2e-10, hence atol 1e-9."""
+    config = dash_fn.DashConfig(block_size=24, solver="eigh", inv_root_freq=3, start_prec_step=2, mu=0.5, one_dim=one_dim, eps=1e-6)
     compiled = torch.compile(dash_fn.step, fullgraph=True, backend="aot_eager")
     counters.clear()
     got, got_state = run(compiled, config, torch.float64, 8)
@@ -27,12 +32,12 @@ def test_fullgraph_aot_eager_matches_eager(one_dim):
     assert sum(counters["graph_break"].values()) == 0
     want, want_state = run(dash_fn.step, config, torch.float64, 8)
     for k in want:
-        torch.testing.assert_close(got[k], want[k], rtol=1e-9, atol=1e-12, msg=k)
+        torch.testing.assert_close(got[k], want[k], rtol=1e-9, atol=1e-9, msg=k)
     assert torch.equal(got_state["step"], want_state["step"])
 
 
 def test_static_refresh_flag_compiles_to_two_graphs():
-    config = dash_fn.DashConfig(block_size=24, solver="eigh", inv_root_freq=3)
+    config = dash_fn.DashConfig(block_size=24, solver="eigh", inv_root_freq=3, eps=1e-6)  # eps: as above
 
     def step_with_flag(params, grads, state, lr):
         t = int(step_with_flag.t) + 1  # host-side step counter kept by the caller
@@ -46,7 +51,7 @@ def test_static_refresh_flag_compiles_to_two_graphs():
     assert counters["stats"]["unique_graphs"] == 2
     want, _ = run(dash_fn.step, config, torch.float64, 7)
     for k in want:
-        torch.testing.assert_close(got[k], want[k], rtol=1e-9, atol=1e-12, msg=k)
+        torch.testing.assert_close(got[k], want[k], rtol=1e-9, atol=1e-9, msg=k)
 
 
 @pytest.mark.inductor

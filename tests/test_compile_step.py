@@ -67,3 +67,19 @@ def test_inductor_matches_eager():
     want, _ = run(dash_fn.step, config, torch.float64, 5, shapes)
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-8, msg=k)
+
+
+def test_states_of_different_eps_share_the_compiled_step():
+    """After a recompile for a new eps Dynamo passes eps as a symbolic float, which reached the
+    CPU eigh op inside the refresh's torch.cond (a float argument there cannot be specialized:
+    it raised); the op now takes it as a tensor. Each state's result is eager's."""
+    gen = torch.Generator().manual_seed(0)
+    params = {"w": torch.randn(32, 32, generator=gen, dtype=torch.float64)}
+    grads = {"w": torch.randn(32, 32, generator=gen, dtype=torch.float64)}
+    lr = torch.tensor(0.1, dtype=torch.float64)
+    compiled = torch.compile(dash_fn.step, fullgraph=True, backend="aot_eager")
+    for eps in (1e-10, 1e-6, 1e-8):
+        config = dash_fn.DashConfig(block_size=16, solver="eigh", eps=eps, start_prec_step=1)
+        got, _ = compiled(params, grads, dash_fn.init(params, config), lr=lr)
+        want, _ = dash_fn.step(params, grads, dash_fn.init(params, config), lr=lr)
+        torch.testing.assert_close(got["w"], want["w"], rtol=1e-9, atol=1e-9, msg=f"eps {eps}")

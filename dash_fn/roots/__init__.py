@@ -107,7 +107,10 @@ def refresh_roots(
     """
     solver = resolve_solver(config, factors.device)
     if solver == "eigh" and factors.device.type == "cpu" and torch.compiler.is_compiling():
-        return _cpu_eigh_refresh(factors, roots, p, config.eps, config.eigh_heuristic)
+        # eps as a tensor: a compiled step that met another eps before gets it as a symbolic
+        # float, which a torch.cond branch cannot specialize to the op's float argument
+        eps = torch.full((), config.eps, dtype=torch.float64)
+        return _cpu_eigh_refresh(factors, roots, p, eps, config.eigh_heuristic)
     count, size = factors.shape[0], factors.shape[-1]
     chunk = chunk_blocks(count, size * size * factors.element_size(), solver)
     finite_factor = finite_blocks(factors)
@@ -124,17 +127,17 @@ def refresh_roots(
 
 
 @torch.library.custom_op("dash_fn::cpu_eigh_refresh", mutates_args=())
-def _cpu_eigh_refresh(factors: torch.Tensor, roots: torch.Tensor, p: int, eps: float, heuristic: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _cpu_eigh_refresh(factors: torch.Tensor, roots: torch.Tensor, p: int, eps: torch.Tensor, heuristic: str) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`refresh_roots` with eigh on the CPU, run eagerly inside one op opaque to
     torch.compile, so that a compiled step gets the eager refresh: the finiteness flags are
     read on the host (free on the CPU), so with every factor finite there is no substitution
     pass, no selection pass and no chunking, where a compiled graph must run the masked form
     (benchmarks/RESULTS.md, issue 12). Same bits: each block's root does not depend on them."""
-    return refresh_roots(factors, roots, p, DashConfig(solver="eigh", eps=eps, eigh_heuristic=heuristic), None)
+    return refresh_roots(factors, roots, p, DashConfig(solver="eigh", eps=eps.item(), eigh_heuristic=heuristic), None)
 
 
 @_cpu_eigh_refresh.register_fake
-def _(factors: torch.Tensor, roots: torch.Tensor, p: int, eps: float, heuristic: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _(factors: torch.Tensor, roots: torch.Tensor, p: int, eps: torch.Tensor, heuristic: str) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.empty_like(roots), factors.new_empty(factors.shape[:1], dtype=torch.bool)
 
 

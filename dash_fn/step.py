@@ -83,7 +83,8 @@ def _apply(plan: Plan, shard, config: DashConfig, state: TensorDict, params, gra
     # eager on the CPU the factor EMAs run inside their products (baddbmm), when no product
     # can overflow (every rank must agree, so the bound is all-reduced); else the products are
     # formed first and their diagonals checked
-    fuse = all(guard.decided_on_host(G) for G in blocks)
+    # (not guard.decided_on_host per stack: a state without blocks must still say "compiled")
+    fuse = not torch.compiler.is_compiling() and all(G.device.type == "cpu" for G in blocks)
     if fuse and config.skip_nonfinite:
         fuse = bool(shard.all_ranks(guard.products_bounded(vectors, blocks)))
     products = [_factor_products(group, G, fuse) for group, G in zip(local.groups, blocks)]

@@ -83,3 +83,16 @@ def test_states_of_different_eps_share_the_compiled_step():
         got, _ = compiled(params, grads, dash_fn.init(params, config), lr=lr)
         want, _ = dash_fn.step(params, grads, dash_fn.init(params, config), lr=lr)
         torch.testing.assert_close(got["w"], want["w"], rtol=1e-9, atol=1e-9, msg=f"eps {eps}")
+
+
+def test_a_state_without_blocks_compiles():
+    """Only vectors and scalars (no block stack): the eager-only fused factor update must not be
+    chosen under compile, where its host read of the bound cannot be traced."""
+    params = {"s": torch.tensor(1.5, dtype=torch.float64), "v": torch.ones(3, dtype=torch.float64)}
+    grads = {"s": torch.tensor(0.5, dtype=torch.float64), "v": torch.full((3,), 0.25, dtype=torch.float64)}
+    compiled = torch.compile(dash_fn.step, fullgraph=True, backend="aot_eager")
+    state = dash_fn.init(params, dash_fn.DashConfig())
+    got, _ = compiled(params, grads, state, lr=torch.tensor(0.01, dtype=torch.float64))
+    want, _ = dash_fn.step(params, grads, dash_fn.init(params, dash_fn.DashConfig()), lr=torch.tensor(0.01, dtype=torch.float64))
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-12, atol=0)

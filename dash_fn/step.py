@@ -7,6 +7,7 @@ refreshed on schedule -> grafted Shampoo directions -> plan.scatter -> new param
 from __future__ import annotations
 
 import math
+from numbers import Real
 
 import torch
 from tensordict import TensorDict
@@ -104,12 +105,13 @@ def _apply(plan: Plan, shard, config: DashConfig, state: TensorDict, params, gra
     t = state["step"] + 1
     state["step"].copy_(guard.choose(ok, t, state["step"]))
     corrections = _bias_corrections(config, local, t)
-    grafting_moments, momenta = _accumulate(local, config, state, blocks, products, corrections, ok)
+    _factor_emas(local, config, state, products, ok)
     s = config.start_prec_step
     if s != math.inf and refresh is not False:
         _refresh(local, config, state, t, refresh, ok)
     directions = [
-        _direction(local, config, state, g, G, A, t) for g, (G, A) in enumerate(zip(momenta, grafting_moments))
+        _direction(local, config, state, g, *_adam_direction(config, state["groups", str(g)], G, corrections, t, ok), t)
+        for g, G in enumerate(blocks)
     ]
     if config.mu > 0:
         directions = [_momentum(config, state["groups", str(g), "M"], P, ok) for g, P in enumerate(directions)]
@@ -123,7 +125,7 @@ def _factor_products(group, G: torch.Tensor, fuse: bool) -> list:
     """``(factor slice, G G^T)`` and, two-sided, ``(factor slice, G^T G)`` of a block stack.
 
     With ``fuse``, a side whose blocks are whole 64-byte rows gets its operands ``(G, G^T)``
-    instead of the product: :func:`_accumulate` multiplies them into the factor (baddbmm), which
+    instead of the product: :func:`_factor_emas` multiplies them into the factor (baddbmm), which
     saves writing the product and two passes over the factor. (Other sizes keep the product:
     see :func:`stacked_matmul` on where MKL's rounding depends on the output's alignment.)"""
     sides = [(group.left, G, G.mT)]
@@ -172,15 +174,10 @@ def _(t: torch.Tensor, betas: list[float], roots: list[bool], dtype: torch.dtype
     return t.new_empty((len(betas),), dtype=dtype)
 
 
-def _accumulate(plan: Plan, config: DashConfig, state: TensorDict, blocks, products, corrections: dict, ok):
-    """Factor EMAs (b), grafting moments (c), gradient EMAs (e); every decay gated by ``ok``.
-
-    Returns per group ``(A, sqrt(cA))`` and ``(Gt, cG)``: the moments and their bias corrections
-    (None where there is none to apply)."""
+def _factor_emas(plan: Plan, config: DashConfig, state: TensorDict, products, ok) -> None:
+    """Factor EMAs (b), every decay gated by ``ok``."""
     dtype = plan.dtype
-    moments, momenta = [], []
-    for g, (group, G, sides) in enumerate(zip(plan.groups, blocks, products)):
-        entry = state["groups", str(g)]
+    for group, sides in zip(plan.groups, products):
         for side, X in sides:
             F = state["factors", str(side.stack), "F"][side.offset : side.offset + group.count]
             if isinstance(X, tuple):  # the product's operands: F <- beta F + (1 - beta) a b in one call
@@ -195,19 +192,48 @@ def _accumulate(plan: Plan, config: DashConfig, state: TensorDict, blocks, produ
                 F.mul_(guard.gate(ok, config.beta_LR, dtype)).add_(X, alpha=1 - config.beta_LR)
             else:
                 F.add_(X)
-        A = entry["A"]
-        if config.grafting == "adam":
-            A.mul_(guard.gate(ok, config.beta_graft, dtype)).addcmul_(G, G, value=1 - config.beta_graft)
-        else:
-            A.addcmul_(G, G)
-        moments.append((A, corrections["A"]))
-        if config.beta_G > 0:
-            Gt = entry["Gt"]
-            Gt.mul_(guard.gate(ok, config.beta_G, dtype)).add_(guard.masked(ok, G, -0.0), alpha=1 - config.beta_G)
-            momenta.append((Gt, corrections["G"]))
-        else:
-            momenta.append((G, None))
-    return moments, momenta
+
+
+def _adam_direction(config: DashConfig, entry: TensorDict, G: torch.Tensor, corrections: dict, t, ok):
+    """Grafting moment (c), gradient EMA (e) and Adam direction (f) of one group's blocks:
+    returns ``(Gt, D)`` (``Gt`` is G itself without a gradient EMA); decays gated by ``ok``.
+
+    Eager on the CPU with Adam grafting, a gradient EMA and bias correction (the defaults),
+    torch's fused Adam kernel (``torch.optim.Adam(fused=True)``'s) does all three in one pass
+    over the blocks, where the op-by-op form makes nine: with ``lr = -1`` on a zero
+    "parameter" it leaves ``D = (Gt / cG) / (sqrt(A) / sqrt(cA) + eps)``, the same formula
+    in the kernel's rounding (its EMA is a lerp)."""
+    A = entry["A"]
+    fused = ok is None and config.grafting == "adam" and config.beta_G > 0 and config.bias_correction
+    # The kernel walks its tensors as flat arrays (so all must be contiguous; the state's are),
+    # in vectors of 64 bytes with scalar code for the rest, which rounds differently: with
+    # whole vectors per block, every entry takes the vector path wherever its block sits, and a
+    # rank holding part of the stack gets the bits of one process. The choice depends on the
+    # block shape only, never on the layout (which differs between one process and its ranks).
+    whole_vectors = G.shape[-2] * G.shape[-1] % (64 // G.itemsize) == 0
+    if fused and whole_vectors and guard.decided_on_host(G) and A.is_contiguous() and entry["Gt"].is_contiguous():
+        Gt, D = entry["Gt"], torch.zeros_like(A)
+        torch._fused_adam_(
+            [D], [G.contiguous()], [Gt], [A], [], [t], lr=-1.0, beta1=config.beta_G, beta2=config.beta_graft,
+            weight_decay=0.0, eps=config.eps_graft, amsgrad=False, maximize=False,
+        )
+        return Gt, D
+    dtype = A.dtype
+    if config.grafting == "adam":
+        A.mul_(guard.gate(ok, config.beta_graft, dtype)).addcmul_(G, G, value=1 - config.beta_graft)
+    else:
+        A.addcmul_(G, G)
+    Gt, cG = G, None
+    if config.beta_G > 0:
+        Gt, cG = entry["Gt"], corrections["G"]
+        Gt.mul_(guard.gate(ok, config.beta_G, dtype)).add_(guard.masked(ok, G, -0.0), alpha=1 - config.beta_G)
+    # D = (Gt / cG) / (sqrt(A) / sqrt(cA) + eps), op for op, in place on its two temporaries
+    denom = A.sqrt()
+    if corrections["A"] is not None:
+        denom.div_(corrections["A"])
+    denom.add_(config.eps_graft)
+    D = Gt / denom if cG is None else (Gt / cG).div_(denom)
+    return Gt, D
 
 
 def _refresh(plan: Plan, config: DashConfig, state: TensorDict, t, refresh, ok) -> None:
@@ -278,16 +304,9 @@ def _scaled_norm(X: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(X / safe, dim=(-2, -1), keepdim=True) * peak
 
 
-def _direction(plan: Plan, config: DashConfig, state: TensorDict, g: int, momentum, moment, t):
-    """Adam direction D (f), and for t >= s the grafted Shampoo direction (g)."""
-    Gt, cG = momentum
-    A, root_cA = moment
-    # D = (Gt / cG) / (sqrt(A) / sqrt(cA) + eps), op for op, in place on its two temporaries
-    denom = A.sqrt()
-    if root_cA is not None:
-        denom.div_(root_cA)
-    denom.add_(config.eps_graft)
-    D = Gt / denom if cG is None else (Gt / cG).div_(denom)
+def _direction(plan: Plan, config: DashConfig, state: TensorDict, g: int, Gt: torch.Tensor, D: torch.Tensor, t):
+    """For t >= s the grafted Shampoo direction (g) from the gradient EMA ``Gt`` and the Adam
+    direction ``D``; before, ``D``."""
     s = config.start_prec_step
     if s == math.inf:
         return D
@@ -323,7 +342,13 @@ def _update_params(plan: Plan, config: DashConfig, state: TensorDict, params, gr
         X = W.to(plan.dtype)
         if decay:
             X = X * (1 - lr * decay)
-        out.append((X - lr * update).to(W.dtype))
+        # eager, where lr is a number or readable for free: one pass, X + (-lr) update (CPU
+        # kernels fuse the multiply-add, as Inductor's code does); else two
+        if not torch.compiler.is_compiling() and (isinstance(lr, Real) or lr.device.type == "cpu"):
+            X = torch.add(X, update, alpha=-float(lr))
+        else:
+            X = X - lr * update
+        out.append(X.to(W.dtype))
     return out
 
 

@@ -130,6 +130,12 @@ MUTATIONS = [
     Mutation("step: fused factor EMA weights swapped", "dash_fn/step.py",
              "F.baddbmm_(*X, beta=beta, alpha=1 - beta if beta < 1 else 1.0)", "F.baddbmm_(*X, beta=1 - beta, alpha=beta)",
              ("tests/test_reference_agreement.py", "-k", "default-eigh and B8")),
+    Mutation("step: fused Adam direction with its betas swapped", "dash_fn/step.py",
+             "lr=-1.0, beta1=config.beta_G, beta2=config.beta_graft,", "lr=-1.0, beta1=config.beta_graft, beta2=config.beta_G,",
+             ("tests/test_adam_oracle.py",)),
+    Mutation("step: eager parameter update with lr's sign flipped", "dash_fn/step.py",
+             "X = torch.add(X, update, alpha=-float(lr))", "X = torch.add(X, update, alpha=float(lr))",
+             ("tests/test_adam_oracle.py",)),
     Mutation("cpu_memory: the trim threshold left dynamic (mmap threshold at 8 MiB)", "dash_fn/cpu_memory.py",
              "MMAP_THRESHOLD_MAX = 32 * 2**20", "MMAP_THRESHOLD_MAX = 8 * 2**20", ("tests/test_cpu_memory.py",)),
 ]

@@ -109,10 +109,10 @@ def _apply(plan: Plan, shard, config: DashConfig, state: TensorDict, params, gra
     s = config.start_prec_step
     if s != math.inf and refresh is not False:
         _refresh(local, config, state, t, refresh, ok)
-    directions = [
-        _direction(local, config, state, g, *_adam_direction(config, state["groups", str(g)], G, corrections, t, ok), t)
-        for g, G in enumerate(blocks)
-    ]
+    directions = []
+    for g, G in enumerate(blocks):
+        Gt, D = _adam_direction(config, state["groups", str(g)], G, corrections, t, ok)
+        directions.append(_direction(local, config, state, g, Gt, D, t))
     if config.mu > 0:
         directions = [_momentum(config, state["groups", str(g), "M"], P, ok) for g, P in enumerate(directions)]
     comm_dtype = None if config.comm_dtype is None else getattr(torch, config.comm_dtype)
@@ -210,7 +210,8 @@ def _adam_direction(config: DashConfig, entry: TensorDict, G: torch.Tensor, corr
     # whole vectors per block, every entry takes the vector path wherever its block sits, and a
     # rank holding part of the stack gets the bits of one process. The choice depends on the
     # block shape only, never on the layout (which differs between one process and its ranks).
-    whole_vectors = G.shape[-2] * G.shape[-1] % (64 // G.itemsize) == 0
+    block_entries = G.shape[-2] * G.shape[-1]
+    whole_vectors = aligned_width(block_entries, G.dtype) == block_entries
     if fused and whole_vectors and guard.decided_on_host(G) and A.is_contiguous() and entry["Gt"].is_contiguous():
         Gt, D = entry["Gt"], torch.zeros_like(A)
         torch._fused_adam_(

@@ -136,8 +136,8 @@ MUTATIONS = [
     Mutation("step: eager parameter update with lr's sign flipped", "dash_fn/step.py",
              "X = torch.add(X, update, alpha=-float(lr))", "X = torch.add(X, update, alpha=float(lr))",
              ("tests/test_adam_oracle.py",)),
-    Mutation("cpu_memory: the trim threshold left dynamic (mmap threshold at 8 MiB)", "dash_fn/cpu_memory.py",
-             "MMAP_THRESHOLD_MAX = 32 * 2**20", "MMAP_THRESHOLD_MAX = 8 * 2**20", ("tests/test_cpu_memory.py",)),
+    Mutation("cpu_memory: the trim threshold left at glibc's 128 KiB", "dash_fn/cpu_memory.py",
+             " and bool(libc.mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))", "", ("tests/test_cpu_memory.py",)),
 ]
 
 

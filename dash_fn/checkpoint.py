@@ -39,7 +39,7 @@ from .config import DashConfig
 from .distributed import process_group_info
 from .inputs import flatten
 from .roots import resolve_solver, start_vectors, uses_start_vectors
-from .state import make_state
+from .state import make_state, mark_static
 
 FORMAT = "dash_fn.state"
 VERSION = 2
@@ -127,7 +127,8 @@ def _state_from_dict(blob, device, params, config, copy: bool, where: str, place
         else:
             value = tensors[_join(key)].to(device, copy=copy)
         state.set(key, value)
-    return state.set_non_tensor("config", saved_config).set_non_tensor("plan", template["plan"]).set_non_tensor("shard", template["shard"])
+    state = state.set_non_tensor("config", saved_config).set_non_tensor("plan", template["plan"]).set_non_tensor("shard", template["shard"])
+    return mark_static(state)
 
 
 def with_config(state: TensorDict, config: DashConfig, where: str = "state") -> TensorDict:
@@ -139,7 +140,7 @@ def with_config(state: TensorDict, config: DashConfig, where: str = "state") -> 
     if uses_start_vectors(config, resolve_solver(config, device)):
         sizes = sorted({stack.size for stack in state["shard"].local.factors})
         new["start_vectors"] = {str(b): start_vectors(b, config, state["plan"].dtype, device) for b in sizes}
-    return new.set_non_tensor("config", config)
+    return mark_static(new.set_non_tensor("config", config))
 
 
 def check_layout(found: DashConfig, expected: DashConfig, where: str, found_in: str = "the checkpoint") -> None:

@@ -8,12 +8,12 @@ when the optimizer is given names (as ``torch.optim`` accepts), else by their in
 group ("0", "1", ...); errors use those names.
 
 The state of a group lives in ``optimizer.state[first parameter of the group]`` as
-``{"dash": TensorDict, "step": int}``; ``step`` mirrors the state's device counter on the host,
-so that the eager path off the CPU picks the refresh branch statically (no device read, and no
-``torch.cond``, whose eager dispatch traces its branches on first use). A step skipped for
-non-finite gradients does not advance the device counter; on the CPU the mirror reads it back,
-elsewhere it counts attempts, so there the eager refresh schedule runs one step early after a
-skip (the compiled step decides on the device and has no such lag).
+``{"dash": TensorDict, "step": int}``; ``step`` counts the group's steps on the host, skipped
+or not (the state's ``step + skipped``), and picks each step's refresh flag
+(:func:`dash_fn.is_refresh_step`), so eager and compiled steps on every device follow one
+schedule with no device read. A step skipped for non-finite gradients does not advance the
+state's own counter (its bias corrections), and on a refresh step it still refreshes the roots,
+from the factors it left unchanged (:mod:`dash_fn.guard`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ from .config import DashConfig
 from .distributed import process_group_info
 from .distributed.dcp import load_param_entries, param_entries
 from .plan import ADAMW
-from .state import init
+from .roots import resolve_solver
+from .state import init, mark_static
+from .strategy import for_device
 from .step import is_refresh_step
 from .step import step as functional_step
 
@@ -61,13 +63,11 @@ class DASH(torch.optim.Optimizer):
 
     ``compile=True`` (or a dict of ``torch.compile`` keyword arguments) runs
     ``torch.compile(dash_fn.step, fullgraph=True)``, built once per optimizer, with ``lr``
-    passed as a 0-d tensor, so schedulers never recompile. On the CPU, where reading the step
-    counter is free, each group has two graphs, a plain step and a refresh step, picked on the
-    host (``refresh=`` of :func:`dash_fn.step`); elsewhere one graph per group decides the
-    refresh on the device (``torch.cond``, no host sync). The static pick saves the passes a
-    ``torch.cond`` makes over the factor and root stacks on every step (its branches return
-    new tensors that are copied back): a plain step of 3 x Linear(1024, 1024) at block 256
-    takes 28 ms instead of 34 on a 2-core CPU (``benchmarks/plain_step.py``). (Dynamo caches
+    passed as a 0-d tensor, so schedulers never recompile. Each group has two graphs, a plain
+    step and a refresh step, picked on the host (``refresh=`` of :func:`dash_fn.step`), with no
+    data-dependent control flow; the parameters and the state's tensors, which the step updates
+    in place, are static addresses, so ``compile={"mode": "reduce-overhead"}`` captures each
+    step in a CUDA graph (with a matmul solver: eigh syncs, and is refused there). (Dynamo caches
     graphs per function, each kind of step in its own: more groups than
     ``torch._dynamo.config.recompile_limit`` exceed its limit.)
 
@@ -165,28 +165,28 @@ class DASH(torch.optim.Optimizer):
             return [*owned_slices(state, skipped), *(values[n] for n in names if n in skipped)]
 
         kept = [x.clone() for x in untouched(state)]
+        refresh = is_refresh_step(config, t + 1)
         if self._compile is False:
-            # on the CPU the step reads its counter itself (free); elsewhere the host's mirror
-            # picks the branch (no device read, no eager torch.cond)
-            refresh = None if state["step"].device.type == "cpu" else is_refresh_step(config, t + 1)
             new, state = functional_step(values, _grads_of(names, params), state, lr=lr, refresh=refresh)
             for n, p in zip(names, params):
                 p.copy_(new[n])
         else:
+            _check_cuda_graph_solver(self._compile, config, state["step"].device, where)
             lr = lr if isinstance(lr, torch.Tensor) else torch.full((), lr, dtype=torch.float64, device=state["step"].device)
-            refresh = is_refresh_step(config, int(state["step"]) + 1) if state["step"].device.type == "cpu" else None
-            state = self._compiled(refresh)(values, _grads_of(names, params), state, lr)
+            mark_static(state)
+            # the parameters themselves, which Dynamo takes as static addresses (their detached
+            # views are new tensors every step)
+            state = self._compiled(refresh)(dict(zip(names, params)), _grads_of(names, params), state, lr)
         for view, old in zip(untouched(state), kept):
             view.copy_(old)
-        self.state[params[0]] = {"dash": state, "step": int(state["step"]) if state["step"].device.type == "cpu" else t + 1}
+        self.state[params[0]] = {"dash": state, "step": t + 1}
 
     def skipped_steps(self) -> list[int]:
         """Per param group, the steps skipped because a gradient was not finite (a host read)."""
         return [int(self.state[g["params"][0]]["dash"]["skipped"]) if self.state.get(g["params"][0]) else 0 for g in self.param_groups]
 
-    def _compiled(self, refresh: bool | None):
-        """The compiled step that refreshes the roots (True), does not (False), or decides on
-        the device (None)."""
+    def _compiled(self, refresh: bool):
+        """The compiled step that refreshes the roots (True) or does not (False)."""
         if refresh not in self._compiled_steps:
             # dynamic=False: Dynamo caches graphs per function, so a second optimizer (another
             # model) would otherwise turn the plan's ints symbolic, which the step cannot trace
@@ -259,7 +259,7 @@ class DASH(torch.optim.Optimizer):
             if len(found) != len(params):
                 raise ValueError(f"{where}: the checkpoint has state for {len(found)} of its {len(params)} parameters")
             state = load_param_entries(init(values, config, self._process_group, _batch_dims(group)), dict(zip(values, found)), where)
-        return {"dash": state, "step": int(state["step"])}
+        return {"dash": state, "step": int(state["step"]) + int(state["skipped"])}  # the group's calls
 
     def _restored(self, state_dict) -> tuple[list[dict], dict]:
         """The new param groups and state entries of a state dict, checked against this optimizer."""
@@ -301,10 +301,6 @@ def _step_into(values: dict, grads: dict, state, lr, refresh: bool | None):
 
 # one function per kind of step: Dynamo caches graphs per function, and its recompile limit
 # then counts each kind apart
-def _scheduled_step_into(values: dict, grads: dict, state, lr):
-    return _step_into(values, grads, state, lr, None)
-
-
 def _plain_step_into(values: dict, grads: dict, state, lr):
     return _step_into(values, grads, state, lr, False)
 
@@ -313,7 +309,20 @@ def _refresh_step_into(values: dict, grads: dict, state, lr):
     return _step_into(values, grads, state, lr, True)
 
 
-_STEPS_INTO = {None: _scheduled_step_into, False: _plain_step_into, True: _refresh_step_into}
+_STEPS_INTO = {False: _plain_step_into, True: _refresh_step_into}
+
+
+def _check_cuda_graph_solver(options, config: DashConfig, device: torch.device, where: str) -> None:
+    """eigh cannot run under CUDA graphs: ``torch.linalg.eigh`` reads its error flags on the
+    host once per call. Refused up front (on the accelerator strategy, the one CUDA graphs serve)."""
+    options = {} if options is True else options
+    cuda_graphs = options.get("mode") in ("reduce-overhead", "max-autotune") or (options.get("options") or {}).get("triton.cudagraphs")
+    if cuda_graphs and not for_device(device).cpu_ops and resolve_solver(config, device) == "eigh":
+        raise ValueError(
+            f"{where}: solver='eigh' cannot run under CUDA graphs (compile mode {options.get('mode')!r}): torch.linalg.eigh "
+            "reads its error flags on the host once per call; use a matmul solver (solver='ndb', 'cn' or 'chebyshev') "
+            "or compile without CUDA graphs"
+        )
 
 
 def group_config(group: Mapping, where: str) -> DashConfig:

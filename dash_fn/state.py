@@ -100,7 +100,20 @@ def make_state(
     else:
         shard = make_shard(plan, rank, world_size, group_name)
     state = TensorDict(_layout(shard.local, config, device), batch_size=[], device=device)
-    return state.set_non_tensor("config", config).set_non_tensor("plan", plan).set_non_tensor("shard", shard)
+    return mark_static(state.set_non_tensor("config", config).set_non_tensor("plan", plan).set_non_tensor("shard", shard))
+
+
+def mark_static(state: TensorDict) -> TensorDict:
+    """Mark every tensor of a state as a static address for torch.compile, and return it.
+
+    The step updates the state's tensors in place, and CUDA graphs (``mode="reduce-overhead"``)
+    skip a graph that mutates inputs whose addresses may change from call to call; Dynamo marks
+    ``torch.optim`` optimizers' state static by itself, a TensorDict it cannot know about. The
+    mark is unguarded: a new state (another address) re-records the CUDA graph, it does not
+    recompile. States made by ``init``, ``load_state`` and ``load_state_dict`` come marked."""
+    for x in state.exclude("config", "plan", "shard").values(include_nested=True, leaves_only=True):
+        torch._dynamo.mark_static_address(x, guard=False)
+    return state
 
 
 def check_batch_dims(batch_dims: Mapping[str, int] | None, specs) -> dict[str, int]:

@@ -7,18 +7,18 @@ refreshed on schedule -> grafted Shampoo directions -> plan.scatter -> new param
 from __future__ import annotations
 
 import math
-from numbers import Real
 
 import torch
 from tensordict import TensorDict
 
-from . import guard
+from . import cpu, guard
 from .config import DashConfig
 from .distributed.fsdp import like, to_local
 from .inputs import check_step_inputs, flatten, order_like_plan, rebuild
 from .plan import ADAMW, EMPTY, SEGMENTS, Plan
 from .roots import refresh_roots
-from .roots.matmul import aligned_width, stacked_matmul
+from .roots.matmul import stacked_matmul
+from .strategy import Strategy, for_device
 
 
 def is_refresh_step(config: DashConfig, t: int) -> bool:
@@ -38,15 +38,13 @@ def step(params, grads, state: TensorDict, *, lr, refresh: bool | None = None):
     dtypes and device the state was initialized with; ``new_params`` comes back in the same
     kind of container. ``lr`` is a float or a 0-d tensor (a tensor never recompiles).
 
-    ``refresh=None`` decides on the device, from the step counter, whether this step
-    recomputes the inverse roots (one ``torch.cond``: no host sync, one compiled graph). Eager
-    on the CPU, where reading the counter is free, it reads it instead (an eager ``torch.cond``
-    compiles its branches on first use, which takes seconds).
-    ``refresh=True/False`` picks the branch statically (pass :func:`is_refresh_step` of the
-    new step number); that form gives two graphs, which CUDA graphs capture most reliably,
-    and compiled plain steps skip the ``torch.cond``'s passes over the root stacks (its
-    branches return new stacks that are copied back): 28 ms instead of 34 for 3 x
-    Linear(1024, 1024) at block 256 on a 2-core CPU (``benchmarks/plain_step.py``).
+    ``refresh`` says whether this step recomputes the inverse roots: pass
+    :func:`is_refresh_step` of the step's number, counted on the host (two compiled graphs, a
+    plain step and a refresh step, with no data-dependent control flow: what CUDA graphs
+    capture). ``refresh=None`` reads the state's step counter on the host, which only eager
+    CPU calls may do (a sync elsewhere; a compiled step would break its graph): elsewhere it
+    raises ValueError. A step skipped by the non-finite guard still refreshes when
+    ``refresh=True``, from the factors it left unchanged (:mod:`dash_fn.guard`).
 
     Buffer donation: the input params are never modified, but the state's tensors are updated
     in place and the same TensorDict is returned (like JAX's donated buffers), so memory holds
@@ -69,32 +67,40 @@ def step(params, grads, state: TensorDict, *, lr, refresh: bool | None = None):
     ordered_params = order_like_plan(plan, names, [to_local(x) for x in param_list], "params")
     ordered_grads = order_like_plan(plan, grad_names, [to_local(x) for x in grad_list], "grads")
     check_step_inputs(shard.local, state, ordered_params, ordered_grads, lr, refresh)
+    strategy = for_device(state["step"].device)
+    if refresh is None and not strategy.host_reads:
+        raise ValueError(
+            f"step: refresh=None reads the step counter on the host, which the {strategy.name} strategy does not do "
+            "(a device sync, or a break in a compiled graph); pass refresh=dash_fn.is_refresh_step(config, t) with the "
+            "step's number t counted on the host"
+        )
     with torch.no_grad():
-        updated = dict(zip(plan.names, _apply(plan, shard, config, state, ordered_params, ordered_grads, lr, refresh)))
+        new = _apply(strategy, plan, shard, config, state, ordered_params, ordered_grads, lr, refresh)
+        updated = dict(zip(plan.names, new))
     return rebuild(params, keys, [like(x, updated[n]) for n, x in zip(names, param_list)]), state
 
 
-def _apply(plan: Plan, shard, config: DashConfig, state: TensorDict, params, grads, lr, refresh) -> list[torch.Tensor]:
+def _apply(strategy: Strategy, plan: Plan, shard, config: DashConfig, state: TensorDict, params, grads, lr, refresh) -> list[torch.Tensor]:
     """Steps b-h on this rank's blocks (``shard.local``), the directions brought to the
     parameters' rows (:mod:`dash_fn.distributed`), then a and i on this rank's params; under
-    the non-finite guard (:mod:`dash_fn.guard`) a step that is not all finite changes nothing."""
+    the non-finite guard (:mod:`dash_fn.guard`) a step that is not all finite changes nothing
+    but the roots of a refresh step."""
     local = shard.local
     blocks = shard.gradient_blocks(plan, grads)
     vectors = [x for p, x in zip(local.params, grads) if p.kind == ADAMW]
-    # eager on the CPU the factor EMAs run inside their products (baddbmm), when no product
-    # can overflow (every rank must agree, so the bound is all-reduced); else the products are
-    # formed first and their diagonals checked
-    # (not guard.decided_on_host per stack: a state without blocks must still say "compiled")
-    fuse = not torch.compiler.is_compiling() and all(G.device.type == "cpu" for G in blocks)
-    if fuse and config.skip_nonfinite:
-        fuse = bool(shard.all_ranks(guard.products_bounded(vectors, blocks)))
+    # eager on the CPU the factor EMAs may run inside their products (dash_fn.cpu); else the
+    # products are formed first and, under the guard, their diagonals checked
+    fuse = strategy.host_reads and cpu.fuses_factor_emas(config, shard, vectors, blocks)
     products = [_factor_products(group, G, fuse) for group, G in zip(local.groups, blocks)]
     ok = None
     if config.skip_nonfinite and not fuse:
         ok = shard.all_ranks(guard.all_finite(vectors, [X for sides in products for _, X in sides]))
-    if ok is not None and guard.decided_on_host(ok):  # eager on the CPU: branch instead of masking
-        if not bool(ok):
+    s = config.start_prec_step
+    if ok is not None and strategy.host_reads:  # branch instead of masking
+        if not cpu.all_true(ok):
             state["skipped"].add_(1)
+            if s != math.inf and refresh:  # the roots of the unchanged factors
+                _refresh(strategy, local, config, state, state["step"], True, None)
             return list(params)
         ok = None  # every input is finite: the unguarded arithmetic, bit for bit
     if ok is not None:
@@ -106,35 +112,28 @@ def _apply(plan: Plan, shard, config: DashConfig, state: TensorDict, params, gra
     state["step"].copy_(guard.choose(ok, t, state["step"]))
     corrections = _bias_corrections(config, local, t)
     _factor_emas(local, config, state, products, ok)
-    s = config.start_prec_step
     if s != math.inf and refresh is not False:
-        _refresh(local, config, state, t, refresh, ok)
+        _refresh(strategy, local, config, state, t, refresh, ok)
     directions = []
     for g, G in enumerate(blocks):
-        Gt, D = _adam_direction(config, state["groups", str(g)], G, corrections, t, ok)
-        directions.append(_direction(local, config, state, g, Gt, D, t))
+        Gt, D = _adam_direction(strategy, config, state["groups", str(g)], G, corrections, t, ok)
+        directions.append(_direction(strategy, local, config, state, g, Gt, D, t))
     if config.mu > 0:
         directions = [_momentum(config, state["groups", str(g), "M"], P, ok) for g, P in enumerate(directions)]
     comm_dtype = None if config.comm_dtype is None else getattr(torch, config.comm_dtype)
     updates = shard.parameter_updates(plan, directions, comm_dtype)
-    new = _update_params(local, config, state, params, grads, updates, lr, corrections, ok)
+    new = _update_params(strategy, local, config, state, params, grads, updates, lr, corrections, ok)
     return [guard.choose(ok, x, W) if x is not W else W for x, W in zip(new, params)]
 
 
 def _factor_products(group, G: torch.Tensor, fuse: bool) -> list:
-    """``(factor slice, G G^T)`` and, two-sided, ``(factor slice, G^T G)`` of a block stack.
-
-    With ``fuse``, a side whose blocks are whole 64-byte rows gets its operands ``(G, G^T)``
-    instead of the product: :func:`_factor_emas` multiplies them into the factor (baddbmm), which
-    saves writing the product and two passes over the factor. (Other sizes keep the product:
-    see :func:`stacked_matmul` on where MKL's rounding depends on the output's alignment.)"""
+    """``(factor slice, G G^T)`` and, two-sided, ``(factor slice, G^T G)`` of a block stack
+    (with ``fuse``, where :func:`dash_fn.cpu.factor_operands` says so, the product's operands
+    instead, which :func:`_factor_emas` multiplies into the factor)."""
     sides = [(group.left, G, G.mT)]
     if group.right is not None:
         sides.append((group.right, G.mT, G))
-    return [
-        (side, (a, b) if fuse and aligned_width(a.shape[-2], a.dtype) == a.shape[-2] else stacked_matmul(a, b))
-        for side, a, b in sides
-    ]
+    return [(side, cpu.factor_operands(a, b) if fuse else stacked_matmul(a, b)) for side, a, b in sides]
 
 
 def _bias_corrections(config: DashConfig, plan: Plan, t: torch.Tensor) -> dict:
@@ -180,50 +179,31 @@ def _factor_emas(plan: Plan, config: DashConfig, state: TensorDict, products, ok
     for group, sides in zip(plan.groups, products):
         for side, X in sides:
             F = state["factors", str(side.stack), "F"][side.offset : side.offset + group.count]
-            if isinstance(X, tuple):  # the product's operands: F <- beta F + (1 - beta) a b in one call
-                beta = config.beta_LR
-                F.baddbmm_(*X, beta=beta, alpha=1 - beta if beta < 1 else 1.0)
-            elif config.beta_LR < 1 and torch.compiler.is_compiling():
-                # the same arithmetic as one write to the slice: Inductor turns each in-place op
-                # on a slice into a masked scatter over the whole stack, and two of them per
-                # side into a nest of masked loads (about 2 ms of a 30 ms plain step; same bits)
-                F.copy_(torch.add(F * guard.gate(ok, config.beta_LR, dtype), X, alpha=1 - config.beta_LR))
+            if isinstance(X, tuple):  # the product's operands (dash_fn.cpu)
+                cpu.factor_ema_in_product(F, *X, config.beta_LR)
             elif config.beta_LR < 1:
-                F.mul_(guard.gate(ok, config.beta_LR, dtype)).add_(X, alpha=1 - config.beta_LR)
+                # one write to the slice: Inductor turns each in-place op on a slice into a
+                # masked scatter over the whole stack, and two of them per side into a nest of
+                # masked loads (same bits as F.mul_(beta).add_(X, alpha))
+                F.copy_(torch.add(F * guard.gate(ok, config.beta_LR, dtype), X, alpha=1 - config.beta_LR))
             else:
                 F.add_(X)
 
 
-def _adam_direction(config: DashConfig, entry: TensorDict, G: torch.Tensor, corrections: dict, t, ok):
+def _adam_direction(strategy: Strategy, config: DashConfig, entry: TensorDict, G: torch.Tensor, corrections: dict, t, ok):
     """Grafting moment (c), gradient EMA (e) and Adam direction (f) of one group's blocks:
-    returns ``(Gt, D)`` (``Gt`` is G itself without a gradient EMA); decays gated by ``ok``.
-
-    Eager on the CPU with Adam grafting, a gradient EMA and bias correction (the defaults),
-    torch's fused Adam kernel (``torch.optim.Adam(fused=True)``'s) does all three in one pass
-    over the blocks, where the op-by-op form makes nine: with ``lr = -1`` on a zero
-    "parameter" it leaves ``D = (Gt / cG) / (sqrt(A) / sqrt(cA) + eps)``, the same formula
-    in the kernel's rounding (its EMA is a lerp)."""
+    returns ``(Gt, D)`` (``Gt`` is G itself without a gradient EMA); decays gated by ``ok``
+    (eager on the CPU, unguarded, in one pass: :func:`dash_fn.cpu.fused_adam_direction`)."""
+    if strategy.host_reads and ok is None and cpu.fused_adam_applies(config, entry, G):
+        return cpu.fused_adam_direction(config, entry, G, t)
     A = entry["A"]
-    fused = ok is None and config.grafting == "adam" and config.beta_G > 0 and config.bias_correction
-    # The kernel walks its tensors as flat arrays (so all must be contiguous; the state's are),
-    # in vectors of 64 bytes with scalar code for the rest, which rounds differently: with
-    # whole vectors per block, every entry takes the vector path wherever its block sits, and a
-    # rank holding part of the stack gets the bits of one process. The choice depends on the
-    # block shape only, never on the layout (which differs between one process and its ranks).
-    block_entries = G.shape[-2] * G.shape[-1]
-    whole_vectors = aligned_width(block_entries, G.dtype) == block_entries
-    if fused and whole_vectors and guard.decided_on_host(G) and A.is_contiguous() and entry["Gt"].is_contiguous():
-        Gt, D = entry["Gt"], torch.zeros_like(A)
-        torch._fused_adam_(
-            [D], [G.contiguous()], [Gt], [A], [], [t], lr=-1.0, beta1=config.beta_G, beta2=config.beta_graft,
-            weight_decay=0.0, eps=config.eps_graft, amsgrad=False, maximize=False,
-        )
-        return Gt, D
     dtype = A.dtype
+    # squares as G * G, not addcmul: AOTAutograd decomposes addcmul into an fma, which rounds
+    # otherwise, and the compiled step would not give eager's bits
     if config.grafting == "adam":
-        A.mul_(guard.gate(ok, config.beta_graft, dtype)).addcmul_(G, G, value=1 - config.beta_graft)
+        A.mul_(guard.gate(ok, config.beta_graft, dtype)).add_(G * G, alpha=1 - config.beta_graft)
     else:
-        A.addcmul_(G, G)
+        A.add_(G * G)
     Gt, cG = G, None
     if config.beta_G > 0:
         Gt, cG = entry["Gt"], corrections["G"]
@@ -237,64 +217,31 @@ def _adam_direction(config: DashConfig, entry: TensorDict, G: torch.Tensor, corr
     return Gt, D
 
 
-def _refresh(plan: Plan, config: DashConfig, state: TensorDict, t, refresh, ok) -> None:
-    """Recompute every root stack (d), on the device-side schedule or the caller's flag
-    (never on a skipped step)."""
+def _refresh(strategy: Strategy, plan: Plan, config: DashConfig, state: TensorDict, t, refresh, ok) -> None:
+    """Recompute every root stack (d) on the caller's flag (a skipped step's from its unchanged
+    factors), or, with ``refresh=None`` under host reads, when the counter ``t`` says so."""
     F = [state["factors", str(k), "F"] for k in range(len(plan.factors))]
     Fbar = [state["factors", str(k), "Fbar"] for k in range(len(plan.factors))]
-    V0 = [state["start_vectors", str(stack.size)] if "start_vectors" in state.keys() else None for stack in plan.factors]
-    n = len(F)
+    start = [state["start_vectors", str(stack.size)] if "start_vectors" in state.keys() else None for stack in plan.factors]
 
-    def solve(*operands):
-        outs = [
-            refresh_roots(f, fb, stack.order, config, v)
-            for stack, f, fb, v in zip(plan.factors, operands[:n], operands[n : 2 * n], V0)
-        ]
-        return tuple(r for r, _ in outs) + tuple(c for _, c in outs)
-
-    def keep(*operands):
-        return tuple(fb.clone() for fb in operands[n : 2 * n]) + tuple(
-            torch.zeros(fb.shape[0], dtype=torch.bool, device=fb.device) for fb in operands[n : 2 * n]
-        )
-
-    if refresh is None:
+    if refresh is None:  # host reads only (step checked it)
         s, f = config.start_prec_step, config.inv_root_freq
         due = (t == s) | ((t > s) & (t % f == 0))
         if ok is not None:
             due = due & ok
-        if torch.compiler.is_compiling() or due.device.type != "cpu":
-            out = torch.cond(due, solve, keep, tuple(F) + tuple(Fbar))
-        elif bool(due):  # eager on CPU: reading the counter costs nothing, an eager torch.cond seconds
-            out = solve(*F, *Fbar)
-        else:
+        if not cpu.all_true(due):
             return
-    else:
-        out = solve(*F, *Fbar)
-    for k in range(n):
-        Fbar[k].copy_(guard.choose(ok, out[k], Fbar[k]) if refresh else out[k])
-        state["factors", str(k), "fallbacks"].add_(out[n + k] if ok is None or not refresh else out[n + k] & ok)
+    for k, (stack, V0) in enumerate(zip(plan.factors, start)):
+        roots, fell_back = refresh_roots(F[k], Fbar[k], stack.order, config, V0, strategy)
+        Fbar[k].copy_(roots)
+        state["factors", str(k), "fallbacks"].add_(fell_back)
 
 
-# a block norm in this range is taken directly: its squares neither overflow nor lose digits
-# to underflow (what flushes below 1e-38 is under 1e-9 of a square sum above 1e-24)
-DIRECT_NORM_RANGE = (1e-12, 1e18)
-
-
-def _block_norm(X: torch.Tensor) -> torch.Tensor:
-    """Frobenius norm of each block, (N, 1, 1), without overflow or underflow.
-
-    Compiled or on an accelerator: max|X| * ||X / max|X|||, one formula for every block.
-    Eager on the CPU, where reading the result is free, each block's direct norm ||X|| is
-    kept when it lies in DIRECT_NORM_RANGE and only the other blocks are scaled: one pass
-    where the scaled form takes four (equal to within rounding, and block by block, so a
-    rank holding part of a stack gets the bits of one process)."""
-    if guard.decided_on_host(X):
-        norm = torch.linalg.vector_norm(X, dim=(-2, -1), keepdim=True)
-        low, high = DIRECT_NORM_RANGE
-        outside = ((norm <= low) | (norm >= high)).flatten().nonzero().flatten()
-        if outside.numel():
-            norm[outside] = _scaled_norm(X[outside])
-        return norm
+def _block_norm(strategy: Strategy, X: torch.Tensor) -> torch.Tensor:
+    """Frobenius norm of each block, (N, 1, 1), without overflow or underflow: max|X| *
+    ||X / max|X||| (with host reads the direct norm where it is safe: :func:`dash_fn.cpu.block_norm`)."""
+    if strategy.host_reads:
+        return cpu.block_norm(X, _scaled_norm)
     return _scaled_norm(X)
 
 
@@ -305,7 +252,7 @@ def _scaled_norm(X: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(X / safe, dim=(-2, -1), keepdim=True) * peak
 
 
-def _direction(plan: Plan, config: DashConfig, state: TensorDict, g: int, Gt: torch.Tensor, D: torch.Tensor, t):
+def _direction(strategy: Strategy, plan: Plan, config: DashConfig, state: TensorDict, g: int, Gt: torch.Tensor, D: torch.Tensor, t):
     """For t >= s the grafted Shampoo direction (g) from the gradient EMA ``Gt`` and the Adam
     direction ``D``; before, ``D``."""
     s = config.start_prec_step
@@ -317,7 +264,7 @@ def _direction(plan: Plan, config: DashConfig, state: TensorDict, g: int, Gt: to
     if group.right is not None:
         U = stacked_matmul(U, state["factors", str(group.right.stack), "Fbar"][group.right.offset : group.right.offset + group.count])
     graft = torch.linalg.vector_norm(D, dim=(-2, -1), keepdim=True)
-    P = U.mul_(graft / (_block_norm(U) + 1e-16))  # U: this step's own product
+    P = U.mul_(graft / (_block_norm(strategy, U) + 1e-16))  # U: this step's own product
     return P if s == 1 else torch.where(t >= s, P, D)
 
 
@@ -327,7 +274,7 @@ def _momentum(config: DashConfig, M: torch.Tensor, P: torch.Tensor, ok) -> torch
     return P + config.mu * M if config.nesterov else M.clone()
 
 
-def _update_params(plan: Plan, config: DashConfig, state: TensorDict, params, grads, updates, lr, corrections: dict, ok):
+def _update_params(strategy: Strategy, plan: Plan, config: DashConfig, state: TensorDict, params, grads, updates, lr, corrections: dict, ok):
     """Weight decay (a) and the update (i) for matrices; AdamW (j) for vectors (``plan``
     describes the tensors this rank holds)."""
     adamw_dirs = _adamw_directions(plan, config, state, grads, corrections, ok) if plan.adamw_numel else None
@@ -343,9 +290,9 @@ def _update_params(plan: Plan, config: DashConfig, state: TensorDict, params, gr
         X = W.to(plan.dtype)
         if decay:
             X = X * (1 - lr * decay)
-        # eager, where lr is a number or readable for free: one pass, X + (-lr) update (CPU
+        # with host reads, lr is a number or readable for free: one pass, X + (-lr) update (CPU
         # kernels fuse the multiply-add, as Inductor's code does); else two
-        if not torch.compiler.is_compiling() and (isinstance(lr, Real) or lr.device.type == "cpu"):
+        if strategy.host_reads:
             X = torch.add(X, update, alpha=-float(lr))
         else:
             X = X - lr * update
@@ -359,6 +306,6 @@ def _adamw_directions(plan: Plan, config: DashConfig, state: TensorDict, grads, 
     m, v = state["adamw", "m"], state["adamw", "v"]
     b1, b2 = config.adamw_beta1, config.adamw_beta2
     m.mul_(guard.gate(ok, b1, plan.dtype)).add_(guard.masked(ok, g, -0.0), alpha=1 - b1)
-    v.mul_(guard.gate(ok, b2, plan.dtype)).addcmul_(g, g, value=1 - b2)
+    v.mul_(guard.gate(ok, b2, plan.dtype)).add_(g * g, alpha=1 - b2)
     denom = v.sqrt() / corrections["v"] + config.adamw_eps
     return m / denom / corrections["m"]

@@ -5,12 +5,9 @@
 ``torch.func.grad_and_value`` computes loss and gradients of a functional model; ``dash_fn.step``
 applies the update; the whole train step compiles with ``fullgraph=True``. The learning rate
 changes every step (warm-up then cosine) and is passed as a 0-d tensor, so it never recompiles.
-Roots refresh every ``--inv-root-freq`` steps, by a flag from the host (``--refresh host``, the
-default: two graphs, a plain step and a refresh step; on CUDA the step runs under CUDA graphs
-with ``mode="reduce-overhead"``) or decided on the device (``--refresh device``: one graph with a
-``torch.cond``, whose branches return new root stacks that are copied back, so every step makes
-a few more passes over them: on the CPU a plain step of 3 x Linear(1024, 1024) took 34 ms
-instead of 28, ``benchmarks/plain_step.py``). ``--deterministic`` (the
+Roots refresh every ``--inv-root-freq`` steps, by a flag from the host's step count: two
+graphs, a plain step and a refresh step, with no data-dependent control flow, so on CUDA the
+step runs under CUDA graphs (``mode="reduce-overhead"``). ``--deterministic`` (the
 default) turns on ``torch.use_deterministic_algorithms``: without it Inductor's CPU code sums the
 embedding gradient with atomic adds from several threads, and runs differ in the last bits
 (benchmarks/RESULTS.md, issue 13).
@@ -30,11 +27,11 @@ import dash_fn
 from llama import Llama, LlamaConfig, next_byte_loss
 
 
-def make_train_step(model: Llama, config: dash_fn.DashConfig, *, host_refresh: bool, **compile_kwargs):
+def make_train_step(model: Llama, config: dash_fn.DashConfig, **compile_kwargs):
     """A compiled ``(params, state, tokens, lr, t) -> (params, state, loss)``.
 
-    ``t`` is the host-side number of the step being taken; it is only read when
-    ``host_refresh`` is set, to pass ``refresh=is_refresh_step(config, t)`` (a static branch).
+    ``t`` is the host-side number of the step being taken, passed on as
+    ``refresh=is_refresh_step(config, t)`` (a static branch: one graph per value).
     """
 
     def train_step(params, state, tokens, lr, refresh):
@@ -45,8 +42,7 @@ def make_train_step(model: Llama, config: dash_fn.DashConfig, *, host_refresh: b
     compiled = torch.compile(train_step, fullgraph=True, **compile_kwargs)
 
     def run(params, state, tokens, lr, t: int):
-        refresh = dash_fn.is_refresh_step(config, t) if host_refresh else None
-        return compiled(params, state, tokens, lr, refresh)
+        return compiled(params, state, tokens, lr, dash_fn.is_refresh_step(config, t))
 
     return run
 
@@ -82,7 +78,6 @@ def _main(argv: list[str] | None = None) -> None:
     parser.add_argument("--inv-root-freq", type=int, default=5, help="steps between inverse-root refreshes")
     parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (warm-up, then cosine decay)")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend")
-    parser.add_argument("--refresh", choices=["device", "host"], default="host", help="where the refresh decision is taken")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     parser.add_argument("--d-model", type=int, default=128, help="model width")
     parser.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=True, help="torch.use_deterministic_algorithms (no measurable cost on CPU)")
@@ -92,7 +87,6 @@ def _main(argv: list[str] | None = None) -> None:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=args.device != "cpu")
     device = torch.device(args.device)
-    host_refresh = args.refresh == "host"
     compile_kwargs = {"backend": args.backend}
     if device.type == "cuda" and args.backend == "inductor":
         compile_kwargs["mode"] = "reduce-overhead"  # CUDA graphs
@@ -102,7 +96,7 @@ def _main(argv: list[str] | None = None) -> None:
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     config = dash_fn.DashConfig(block_size=args.block_size, solver=args.solver, inv_root_freq=args.inv_root_freq)
     state = dash_fn.init(params, config)
-    train_step = make_train_step(model, config, host_refresh=host_refresh, **compile_kwargs)
+    train_step = make_train_step(model, config, **compile_kwargs)
     data = torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0)).to(device)
     data = torch.cat([data, data])  # a repeating sequence: learnable, so the loss must fall
     lr = torch.tensor(0.0, device=device)

@@ -141,8 +141,7 @@ class Optimizer:
 
     def refresh_at(self, t: int) -> bool | None:
         """Whether DASH's step ``t`` refreshes its roots, passed to the step as a static flag
-        (two graphs; plain steps skip a torch.cond's passes over the root stacks). None for
-        the peers."""
+        (two graphs, a plain step and a refresh step). None for the peers."""
         return None if self.name in PEERS else dash_fn.is_refresh_step(self.state["config"], t)
 
 

@@ -61,8 +61,8 @@ def run(params, config, process_group=None, steps=STEPS, compile_backend=None, b
     step = dash_fn.step if compile_backend is None else torch.compile(dash_fn.step, fullgraph=True, backend=compile_backend)
     for t in range(1, steps + 1):
         if t in (faults or {}):
-            params, state = step(params, faults[t](random_grads(params, 100 + t)), state, lr=1e-2 / t)
-        params, state = step(params, random_grads(params, t), state, lr=1e-2 / t)
+            params, state = step(params, faults[t](random_grads(params, 100 + t)), state, lr=1e-2 / t, refresh=dash_fn.is_refresh_step(config, t))
+        params, state = step(params, random_grads(params, t), state, lr=1e-2 / t, refresh=dash_fn.is_refresh_step(config, t))
     return params, state
 
 

@@ -68,11 +68,11 @@ def run_functional(config, mesh=None, steps=STEPS, compile_backend=None, faults=
     step = dash_fn.step if compile_backend is None else torch.compile(dash_fn.step, fullgraph=True, backend=compile_backend)
     for t in range(1, steps + 1):
         for grads in [faults[t](random_grads(full_params(), 100 + t))] if t in (faults or {}) else []:
-            params, state = step(params, {k: shard_of(v, mesh) for k, v in grads.items()}, state, lr=1e-2 / t)
+            params, state = step(params, {k: shard_of(v, mesh) for k, v in grads.items()}, state, lr=1e-2 / t, refresh=dash_fn.is_refresh_step(config, t))
         grads = random_grads(full_params(), t)
         if mesh is not None:
             grads = {k: shard_of(v, mesh) for k, v in grads.items()}
-        params, state = step(params, grads, state, lr=1e-2 / t)
+        params, state = step(params, grads, state, lr=1e-2 / t, refresh=dash_fn.is_refresh_step(config, t))
     return params, state
 
 
@@ -85,7 +85,7 @@ def local_oracle(config, rank: int, world: int) -> dict[str, torch.Tensor]:
     params = {k: piece(v) for k, v in full_params().items()}
     state = dash_fn.init(params, config, batch_dims=BATCH_DIMS)
     for t in range(1, STEPS + 1):
-        params, state = dash_fn.step(params, {k: piece(v) for k, v in random_grads(full_params(), t).items()}, state, lr=1e-2 / t)
+        params, state = dash_fn.step(params, {k: piece(v) for k, v in random_grads(full_params(), t).items()}, state, lr=1e-2 / t, refresh=dash_fn.is_refresh_step(config, t))
     return params
 
 
@@ -166,7 +166,7 @@ def functional_training(world: int):
 def functional_steps(params, state, mesh, steps):
     for t in steps:
         grads = {k: shard_of(v, mesh) for k, v in random_grads(full_params(), t).items()}
-        params, state = dash_fn.step(params, grads, state, lr=1e-2 / t)
+        params, state = dash_fn.step(params, grads, state, lr=1e-2 / t, refresh=dash_fn.is_refresh_step(FUNCTIONAL, t))
     return params, state
 
 
@@ -245,7 +245,7 @@ def hsdp_task(rank: int, out: str) -> None:
     params = {k: hsdp(v) for k, v in full_params().items()}
     state = dash_fn.init(params, SCENARIOS["eigh"], batch_dims=BATCH_DIMS)
     for t in range(1, STEPS + 1):
-        params, state = dash_fn.step(params, {k: hsdp(v) for k, v in random_grads(full_params(), t).items()}, state, lr=1e-2 / t)
+        params, state = dash_fn.step(params, {k: hsdp(v) for k, v in random_grads(full_params(), t).items()}, state, lr=1e-2 / t, refresh=dash_fn.is_refresh_step(SCENARIOS["eigh"], t))
     torch.save({k: v.full_tensor() for k, v in params.items()}, os.path.join(out, f"hsdp_rank{rank}.pt"))
 
 

@@ -31,7 +31,7 @@ def run(params, step=dash_fn.step, batch_dims=None, steps=6):
     state = dash_fn.init(params, CONFIG, batch_dims=batch_dims)
     for t in range(1, steps + 1):
         grads = random_grads(batched_params(), t)
-        params, state = step(params, grads if batch_dims else as_separate(grads), state, lr=1e-2)
+        params, state = step(params, grads if batch_dims else as_separate(grads), state, lr=1e-2, refresh=dash_fn.is_refresh_step(CONFIG, t))
     return params, state
 
 

@@ -12,13 +12,13 @@ def run(step_fn, config, dtype, steps, shapes=None):
     params = mixed_params(dtype) if shapes is None else mixed_params(dtype, shapes=shapes)
     state = dash_fn.init(params, config)
     for t in range(1, steps + 1):
-        params, state = step_fn(params, random_grads(params, t), state, lr=torch.tensor(0.01 * t, dtype=dtype))
+        params, state = step_fn(params, random_grads(params, t), state, lr=torch.tensor(0.01 * t, dtype=dtype), refresh=dash_fn.is_refresh_step(config, t))
     return params, state
 
 
 @pytest.mark.parametrize("one_dim", ["adamw", "shampoo"])
 def test_fullgraph_aot_eager_matches_eager(one_dim):
-    """Device-side refresh schedule (torch.cond) and a new lr every step: one graph, no break.
+    """The refresh flag from the host and a new lr every step: two graphs (plain, refresh), no break.
 
     eps = 1e-6: eager on the CPU the factor EMA of aligned blocks runs inside its product
     (baddbmm), compiled as a product and an update, so the factors differ by rounding (1e-14
@@ -28,30 +28,12 @@ def test_fullgraph_aot_eager_matches_eager(one_dim):
     compiled = torch.compile(dash_fn.step, fullgraph=True, backend="aot_eager")
     counters.clear()
     got, got_state = run(compiled, config, torch.float64, 8)
-    assert counters["stats"]["unique_graphs"] == 1
+    assert counters["stats"]["unique_graphs"] == 2
     assert sum(counters["graph_break"].values()) == 0
     want, want_state = run(dash_fn.step, config, torch.float64, 8)
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=1e-9, atol=1e-9, msg=k)
     assert torch.equal(got_state["step"], want_state["step"])
-
-
-def test_static_refresh_flag_compiles_to_two_graphs():
-    config = dash_fn.DashConfig(block_size=24, solver="eigh", inv_root_freq=3, eps=1e-6)  # eps: as above
-
-    def step_with_flag(params, grads, state, lr):
-        t = int(step_with_flag.t) + 1  # host-side step counter kept by the caller
-        step_with_flag.t = t
-        return compiled(params, grads, state, lr=lr, refresh=dash_fn.is_refresh_step(config, t))
-
-    step_with_flag.t = 0
-    compiled = torch.compile(dash_fn.step, fullgraph=True, backend="aot_eager")
-    counters.clear()
-    got, _ = run(step_with_flag, config, torch.float64, 7)
-    assert counters["stats"]["unique_graphs"] == 2
-    want, _ = run(dash_fn.step, config, torch.float64, 7)
-    for k in want:
-        torch.testing.assert_close(got[k], want[k], rtol=1e-9, atol=1e-9, msg=k)
 
 
 @pytest.mark.inductor
@@ -71,8 +53,8 @@ def test_inductor_matches_eager():
 
 def test_states_of_different_eps_share_the_compiled_step():
     """After a recompile for a new eps Dynamo passes eps as a symbolic float, which reached the
-    CPU eigh op inside the refresh's torch.cond (a float argument there cannot be specialized:
-    it raised); the op now takes it as a tensor. Each state's result is eager's."""
+    CPU eigh refresh op (a float argument there cannot be specialized: it raised); the op now
+    takes it as a tensor. Each state's result is eager's."""
     gen = torch.Generator().manual_seed(0)
     params = {"w": torch.randn(32, 32, generator=gen, dtype=torch.float64)}
     grads = {"w": torch.randn(32, 32, generator=gen, dtype=torch.float64)}
@@ -80,8 +62,8 @@ def test_states_of_different_eps_share_the_compiled_step():
     compiled = torch.compile(dash_fn.step, fullgraph=True, backend="aot_eager")
     for eps in (1e-10, 1e-6, 1e-8):
         config = dash_fn.DashConfig(block_size=16, solver="eigh", eps=eps, start_prec_step=1)
-        got, _ = compiled(params, grads, dash_fn.init(params, config), lr=lr)
-        want, _ = dash_fn.step(params, grads, dash_fn.init(params, config), lr=lr)
+        got, _ = compiled(params, grads, dash_fn.init(params, config), lr=lr, refresh=True)
+        want, _ = dash_fn.step(params, grads, dash_fn.init(params, config), lr=lr, refresh=True)
         torch.testing.assert_close(got["w"], want["w"], rtol=1e-9, atol=1e-9, msg=f"eps {eps}")
 
 
@@ -92,7 +74,7 @@ def test_a_state_without_blocks_compiles():
     grads = {"s": torch.tensor(0.5, dtype=torch.float64), "v": torch.full((3,), 0.25, dtype=torch.float64)}
     compiled = torch.compile(dash_fn.step, fullgraph=True, backend="aot_eager")
     state = dash_fn.init(params, dash_fn.DashConfig())
-    got, _ = compiled(params, grads, state, lr=torch.tensor(0.01, dtype=torch.float64))
-    want, _ = dash_fn.step(params, grads, dash_fn.init(params, dash_fn.DashConfig()), lr=torch.tensor(0.01, dtype=torch.float64))
+    got, _ = compiled(params, grads, state, lr=torch.tensor(0.01, dtype=torch.float64), refresh=False)
+    want, _ = dash_fn.step(params, grads, dash_fn.init(params, dash_fn.DashConfig()), lr=torch.tensor(0.01, dtype=torch.float64), refresh=False)
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=1e-12, atol=0)

@@ -87,10 +87,14 @@ def test_block_norm_neither_overflows_nor_underflows(compiled):
     in a stack that mixes such blocks with ordinary, zero and barely-out-of-range ones; and a
     part of the stack gets the bits of the whole (a rank holding some of the blocks)."""
     from dash_fn.step import _block_norm
+    from dash_fn.strategy import for_device
+
+    def block_norm(X):
+        return _block_norm(for_device(X.device), X)
 
     values = (1e20, 1e-30, 0.0, 1.0, 1e-15, 3e17)
     X = torch.stack([v * torch.randn(256, 256) for v in values])
-    norm = torch.compile(_block_norm, fullgraph=True, backend="aot_eager") if compiled else _block_norm
+    norm = torch.compile(block_norm, fullgraph=True, backend="aot_eager") if compiled else block_norm
     expected = torch.linalg.vector_norm(X.double(), dim=(-2, -1), keepdim=True)
     got = norm(X)
     torch.testing.assert_close(got.double(), expected, rtol=1e-6, atol=0)

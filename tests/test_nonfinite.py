@@ -10,6 +10,7 @@ from torch._dynamo.utils import counters
 
 import dash_fn
 from conftest import assert_equal_states, mixed_params, random_grads, tensors
+from dash_fn.strategy import simulated_accelerator
 
 CONFIG = dash_fn.DashConfig(block_size=24, solver="eigh", inv_root_freq=2, mu=0.5, weight_decay=0.1)
 FAULTS = {  # what spoils one parameter's gradient
@@ -29,8 +30,8 @@ def run(faulty_step=None, fault=None, step=dash_fn.step, config=CONFIG, steps=6,
         if t == faulty_step:
             bad = random_grads(params, 100)
             FAULTS[fault](bad[where])
-            params, state = step(params, bad, state, lr=torch.tensor(1e-2))
-        params, state = step(params, random_grads(params, t), state, lr=torch.tensor(1e-2))
+            params, state = step(params, bad, state, lr=torch.tensor(1e-2), refresh=dash_fn.is_refresh_step(config, t))
+        params, state = step(params, random_grads(params, t), state, lr=torch.tensor(1e-2), refresh=dash_fn.is_refresh_step(config, t))
     return params, state
 
 
@@ -88,19 +89,28 @@ def test_a_fault_anywhere_is_seen(where):
             assert torch.equal(params[name], clean[name]), (where, name)
 
 
-def test_the_skipped_step_itself_leaves_params_and_state_bitwise():
+@pytest.mark.parametrize("refresh", [False, True], ids=["plain", "refresh"])
+def test_the_skipped_step_itself_leaves_params_and_state_bitwise(refresh):
+    """A skipped step changes nothing but the skip counter; on a refresh step it also
+    refreshes the roots, from the factors it left unchanged (so a schedule counted on the host
+    loses no refresh to a skip)."""
     params = mixed_params()
     state = dash_fn.init(params, CONFIG)
     for t in range(1, 4):
-        params, state = dash_fn.step(params, random_grads(params, t), state, lr=1e-2)
+        params, state = dash_fn.step(params, random_grads(params, t), state, lr=1e-2, refresh=dash_fn.is_refresh_step(CONFIG, t))
     before = {k: v.clone() for k, v in tensors(state).items()}
     bad = random_grads(params, 4)
     bad["square"][0, 0] = float("nan")
-    new, state = dash_fn.step(params, bad, state, lr=1e-2, refresh=True)  # even a forced refresh
+    new, state = dash_fn.step(params, bad, state, lr=1e-2, refresh=refresh)
     for name in params:
         assert torch.equal(new[name], params[name]), name
     for key, value in tensors(state).items():
-        assert torch.equal(value, before[key] + (1 if key == "skipped" else 0)), key
+        if refresh and key[-1] == "Fbar":
+            k = int(key[1])
+            expected = dash_fn.inverse_root(before[("factors", str(k), "F")], state["plan"].factors[k].order, CONFIG)
+            assert torch.equal(value, expected) and not torch.equal(value, before[key]), key
+        else:
+            assert torch.equal(value, before[key] + (1 if key == "skipped" else 0)), key
 
 
 def test_compiled_step_skips_on_the_device_without_recompiling():
@@ -108,31 +118,63 @@ def test_compiled_step_skips_on_the_device_without_recompiling():
     counters.clear()
     clean, clean_state = run(step=step)
     params, state = run(faulty_step=4, fault="nan", step=step)
-    assert counters["stats"]["unique_graphs"] == 1
+    assert counters["stats"]["unique_graphs"] == 2  # plain and refresh steps
     for name in clean:
         assert torch.equal(params[name], clean[name]), name
     assert int(state["skipped"]) == 1
 
 
-def test_adapter_counts_skipped_steps():
-    values = mixed_params()
-    runs = []
-    for faulty in (None, 3):
-        params = {k: torch.nn.Parameter(v.clone()) for k, v in values.items()}
-        opt = dash_fn.DASH(params.values(), lr=1e-2, block_size=24, solver="eigh", inv_root_freq=2)
-        for t in range(1, 6):
-            if t == faulty:
-                for k, g in random_grads(values, 50).items():
-                    params[k].grad = g.fill_(math.inf) if k == "bias" else g
-                opt.step()
-            for k, g in random_grads(values, t).items():
-                params[k].grad = g
+def adapter_run(values, faulty_call, compile=False, steps=5):
+    """DASH over ``steps`` finite steps with a NaN gradient inserted as call ``faulty_call``."""
+    params = {k: torch.nn.Parameter(v.clone()) for k, v in values.items()}
+    opt = dash_fn.DASH(params.values(), lr=1e-2, compile=compile, **ADAPTER_CONFIG)
+    calls = 0
+    for t in range(1, steps + 1):
+        calls += 1
+        if calls == faulty_call:
+            for k, g in random_grads(values, 50).items():
+                params[k].grad = g.fill_(math.nan) if k == "bias" else g
             opt.step()
-        runs.append((params, opt.skipped_steps()))
-    (clean, clean_skips), (params, skips) = runs
-    assert clean_skips == [0] and skips == [1]
-    for name in clean:
-        assert torch.equal(params[name], clean[name]), name
+            calls += 1
+        for k, g in random_grads(values, t).items():
+            params[k].grad = g
+        opt.step()
+    return params, opt
+
+
+ADAPTER_CONFIG = {"block_size": 24, "solver": "eigh", "inv_root_freq": 2, "eps": 1e-6}
+
+
+def test_adapter_schedule_counts_every_call_skipped_or_not():
+    """The adapter's refresh schedule counts calls on the host: a NaN gradient on a refresh
+    step (call 4) is skipped and still refreshes the roots from the unchanged factors, and the
+    run equals the functional step given ``refresh=is_refresh_step(config, call)`` with the
+    same calls, eager and compiled, under the CPU and the accelerator strategy alike (float64;
+    eps 1e-6, as between eager and compiled elsewhere)."""
+    values = {k: v.double() for k, v in mixed_params().items()}
+    config = dash_fn.DashConfig(**ADAPTER_CONFIG)
+    expected, state = dict(values), dash_fn.init(values, config)
+    for call in range(1, 7):
+        t = call if call < 4 else call - 1
+        grads = random_grads(values, t)
+        if call == 4:
+            grads = {k: g.fill_(math.nan) if k == "bias" else g for k, g in random_grads(values, 50).items()}
+        expected, state = dash_fn.step(expected, grads, state, lr=1e-2, refresh=dash_fn.is_refresh_step(config, call))
+    assert int(state["skipped"]) == 1
+    names = list(values)
+    runs = {}
+    for simulated in (False, True):
+        with simulated_accelerator(simulated):
+            for compiled in (False, {"backend": "aot_eager"}):
+                torch._dynamo.reset()
+                params, opt = adapter_run(values, faulty_call=4, compile=compiled)
+                assert opt.skipped_steps() == [1]
+                runs[simulated, bool(compiled)] = [params[k].detach() for k in names]
+    for got in runs.values():
+        for name, x, want in zip(names, got, (expected[k] for k in names)):
+            torch.testing.assert_close(x, want, rtol=1e-9, atol=1e-9, msg=name)
+    assert all(torch.equal(x, y) for x, y in zip(runs[False, False], (expected[k] for k in names)))  # eager CPU: bitwise
+    assert all(torch.equal(x, y) for x, y in zip(runs[True, False], runs[True, True]))  # accelerator: compiled = eager
 
 
 def test_guard_off_keeps_the_unguarded_behaviour_and_the_same_bits_on_finite_steps():

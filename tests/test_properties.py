@@ -90,10 +90,11 @@ def test_compiled_equals_eager_within_the_documented_tolerance(problem, config):
     for step in (dash_fn.step, torch.compile(dash_fn.step, fullgraph=True, backend="aot_eager")):
         params = make_params(shapes, [torch.float64] * len(shapes))
         state = dash_fn.init(params, dash_fn.DashConfig(block_size=block_size, **config), batch_dims=batch_dims)
+        schedule = state["config"]
         for t in range(1, 4):
             gen = torch.Generator().manual_seed(t)
             grads = {k: torch.randn(v.shape, generator=gen, dtype=v.dtype) for k, v in params.items()}
-            params, state = step(params, grads, state, lr=torch.tensor(0.01, dtype=torch.float64))
+            params, state = step(params, grads, state, lr=torch.tensor(0.01, dtype=torch.float64), refresh=dash_fn.is_refresh_step(schedule, t))
         runs.append(params)
     for k in runs[0]:
         torch.testing.assert_close(runs[1][k], runs[0][k], rtol=1e-3, atol=1e-5, msg=k)

@@ -23,7 +23,7 @@ import dash_fn
 from conftest import mixed_params, random_grads
 from dash_fn import DashConfig, start_vectors
 from dash_fn.roots import SOLVERS, inverse_root, refresh_roots, resolve_solver
-from dash_fn.roots import eigh as eigh_module
+from dash_fn import cpu as cpu_module
 from dash_fn.roots.eigh import eigh_inverse_root
 from dash_fn.roots.identity import identity_matrix
 from dash_fn.roots.chebyshev import clenshaw, fit_coefficients
@@ -603,7 +603,7 @@ def test_a_block_gets_the_same_bits_at_any_position_and_thread_count(solver, b, 
     torch.set_num_threads(2)
     try:
         assert torch.equal(inverse_root(X, 4, config), whole)
-        monkeypatch.setattr(eigh_module, "CPU_CHUNK_ELEMENTS", 3 * b * b)  # chunks of 3 blocks
+        monkeypatch.setattr(cpu_module, "CPU_CHUNK_ELEMENTS", 3 * b * b)  # chunks of 3 blocks
         assert torch.equal(inverse_root(X, 4, config), whole)
     finally:
         torch.set_num_threads(threads)

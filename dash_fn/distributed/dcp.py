@@ -35,6 +35,7 @@ from tensordict import TensorDict
 
 from ..config import DashConfig
 from ..plan import ADAMW
+from ..state import mark_static
 
 GROUP_FIELDS = ("A", "Gt", "M")
 
@@ -110,7 +111,7 @@ def load_param_entries(state: TensorDict, entries: Mapping, where: str = "load_s
                 copies.append((view, _tensor({key: source}, key, tuple(view.shape), view.dtype, f"{where}: parameter {p.name!r}")))
     for view, source in copies:
         view.copy_(source)
-    return new.set_non_tensor("config", state["config"]).set_non_tensor("plan", plan).set_non_tensor("shard", shard)
+    return mark_static(new.set_non_tensor("config", state["config"]).set_non_tensor("plan", plan).set_non_tensor("shard", shard))
 
 
 def state_dict(state: TensorDict) -> dict:

@@ -1,9 +1,12 @@
 """Batched inverse p-th roots of stacks of symmetric PSD blocks, and the per-block fallback.
 
 Every solver maps a (K, b, b) stack and an order p to a (K, b, b) stack of ``X^{-1/p}``
-(of the solver's regularized X), block by block, with a fixed amount of work: no host syncs,
-no data-dependent Python branches, no global RNG, so the call traces under
-``torch.compile(fullgraph=True)`` and is capturable by CUDA graphs.
+(of the solver's regularized X), block by block, with a fixed amount of work and no global RNG.
+The matmul solvers (ndb, cn, chebyshev) have no host syncs and no data-dependent Python
+branches, so they trace under ``torch.compile(fullgraph=True)`` and CUDA graphs capture them.
+eigh traces too, but ``torch.linalg.eigh`` reads its error flags on the host once per call
+(LAPACK's or cuSOLVER's ``info``): a sync on a GPU, which CUDA graphs cannot capture; the CPU
+strategies run it as an op of their own (:mod:`dash_fn.cpu`).
 """
 
 from __future__ import annotations
@@ -12,18 +15,24 @@ from typing import Callable
 
 import torch
 
-from .. import guard
+from .. import cpu
 from ..config import DashConfig
+from ..strategy import Strategy, for_device
 from .chebyshev import chebyshev_inverse_root
 from .cn import cn_inverse_root
 from .eigh import eigh_inverse_root
 from .identity import identity_matrix
+from .masking import finite_blocks
 from .ndb import ndb_inverse_root
 
 # solver name -> fn(X, p, config, start_vectors) -> X^{-1/p}
 Solver = Callable[[torch.Tensor, int, DashConfig, "torch.Tensor | None"], torch.Tensor]
 SOLVERS: dict[str, Solver] = {
-    "eigh": lambda X, p, config, V0: eigh_inverse_root(X, p, eps=config.eps, heuristic=config.eigh_heuristic),
+    "eigh": lambda X, p, config, V0: (
+        cpu.eigh_root(X, p, config.eps, config.eigh_heuristic)
+        if for_device(X.device).cpu_ops
+        else eigh_inverse_root(X, p, eps=config.eps, heuristic=config.eigh_heuristic)
+    ),
     "cn": cn_inverse_root,
     "ndb": ndb_inverse_root,
     "chebyshev": chebyshev_inverse_root,
@@ -31,10 +40,12 @@ SOLVERS: dict[str, Solver] = {
 
 
 def resolve_solver(config: DashConfig, device: torch.device) -> str:
-    """The solver a config runs on a device (``auto`` picks per device)."""
+    """The solver a config runs on a device: ``auto`` picks eigh under the CPU strategies (where
+    LAPACK beats the matmul iterations) and NDB under the accelerator strategy (eigh syncs
+    there once per call, cuSOLVER's error check, and so cannot be captured by CUDA graphs)."""
     if config.solver != "auto":
         return config.solver
-    return "eigh" if device.type == "cpu" else "ndb"
+    return "eigh" if for_device(device).cpu_ops else "ndb"
 
 
 def uses_start_vectors(config: DashConfig, solver: str) -> bool:
@@ -90,79 +101,52 @@ def chunk_blocks(count: int, block_bytes: int, solver: str) -> int:
 
 
 def refresh_roots(
-    factors: torch.Tensor, roots: torch.Tensor, p: int, config: DashConfig, start: torch.Tensor | None
+    factors: torch.Tensor, roots: torch.Tensor, p: int, config: DashConfig, start: torch.Tensor | None, strategy: Strategy | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """New roots for a factor stack, keeping a block's old root where its refresh fails.
 
     docs/ALGORITHM.md 7.2: a block with a non-finite factor is solved as I (so it cannot spoil
     anything) and, like a block whose new root is non-finite, keeps its previous root.
-    Returns (roots, a (K,) bool mask of the blocks that fell back) without any host sync.
+    Returns (roots, a (K,) bool mask of the blocks that fell back) without any host sync
+    (``strategy``, by default the one of the factors' device, may allow host reads).
 
     The stack is solved in chunks (:func:`chunk_blocks`), each written into the result, so
     that a refresh holds at most about two stacks: the result and one chunk's temporaries.
-    eigh on the CPU with every factor finite solves the whole stack at once: there is no
-    substitution stack, and the eigh op works a few blocks at a time in its threads, so the
+    eigh eagerly on the CPU with every factor finite solves the whole stack at once: there is
+    no substitution stack, and the eigh op works a few blocks at a time in its threads, so the
     refresh holds its output and at most the fallback's selection (and saves the copy).
-    Compiled, eigh on the CPU runs this eager refresh inside one opaque op.
+    Traced on the CPU, eigh runs this eager refresh inside one opaque op
+    (:func:`dash_fn.cpu.compiled_eigh_refresh`).
     """
+    strategy = strategy or for_device(factors.device)
     solver = resolve_solver(config, factors.device)
-    if solver == "eigh" and factors.device.type == "cpu" and torch.compiler.is_compiling():
-        # eps as a tensor: a compiled step that met another eps before gets it as a symbolic
-        # float, which a torch.cond branch cannot specialize to the op's float argument
-        eps = torch.full((), config.eps, dtype=torch.float64)
-        return _cpu_eigh_refresh(factors, roots, p, eps, config.eigh_heuristic)
+    if solver == "eigh" and strategy.cpu_ops and not strategy.host_reads:
+        return cpu.compiled_eigh_refresh(factors, roots, p, config)
     count, size = factors.shape[0], factors.shape[-1]
     chunk = chunk_blocks(count, size * size * factors.element_size(), solver)
     finite_factor = finite_blocks(factors)
-    if chunk >= count or (solver == "eigh" and _all_true_on_host(finite_factor)):
-        return _refresh_chunk(factors, roots, finite_factor, p, config, start, solver)
+    if chunk >= count or (solver == "eigh" and strategy.host_reads and cpu.all_true(finite_factor)):
+        return _refresh_chunk(factors, roots, finite_factor, p, config, start, solver, strategy)
     out = torch.empty_like(roots)
     fell_back = []
     for a in range(0, count, chunk):
-        new, failed = _refresh_chunk(factors[a : a + chunk], roots[a : a + chunk], finite_factor[a : a + chunk], p, config, start, solver)
+        new, failed = _refresh_chunk(factors[a : a + chunk], roots[a : a + chunk], finite_factor[a : a + chunk], p, config, start, solver, strategy)
         out[a : a + chunk] = new
         fell_back.append(failed)
         del new  # before the next chunk's temporaries
     return out, torch.cat(fell_back)
 
 
-@torch.library.custom_op("dash_fn::cpu_eigh_refresh", mutates_args=())
-def _cpu_eigh_refresh(factors: torch.Tensor, roots: torch.Tensor, p: int, eps: torch.Tensor, heuristic: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`refresh_roots` with eigh on the CPU, run eagerly inside one op opaque to
-    torch.compile, so that a compiled step gets the eager refresh: the finiteness flags are
-    read on the host (free on the CPU), so with every factor finite there is no substitution
-    pass, no selection pass and no chunking, where a compiled graph must run the masked form
-    (benchmarks/RESULTS.md, issue 12). Same bits: each block's root does not depend on them."""
-    return refresh_roots(factors, roots, p, DashConfig(solver="eigh", eps=eps.item(), eigh_heuristic=heuristic), None)
-
-
-@_cpu_eigh_refresh.register_fake
-def _(factors: torch.Tensor, roots: torch.Tensor, p: int, eps: torch.Tensor, heuristic: str) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.empty_like(roots), factors.new_empty(factors.shape[:1], dtype=torch.bool)
-
-
-def _refresh_chunk(factors, roots, finite_factor, p: int, config: DashConfig, start, solver: str) -> tuple[torch.Tensor, torch.Tensor]:
-    if _all_true_on_host(finite_factor):  # eager on the CPU: skip the substitution pass
+def _refresh_chunk(factors, roots, finite_factor, p: int, config: DashConfig, start, solver: str, strategy: Strategy) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk's roots: non-finite factors solved as I, failed blocks keeping their old root
+    (with host reads, the substitution and selection passes only where a flag is false)."""
+    if strategy.host_reads and cpu.all_true(finite_factor):
         safe = factors
     else:
         identity = identity_matrix(factors.shape[-1], factors.dtype, factors.device)
         safe = torch.where(finite_factor[:, None, None], factors, identity)
     new = SOLVERS[solver](safe, p, config, start)
     ok = finite_factor & finite_blocks(new)
-    if _all_true_on_host(ok):
+    if strategy.host_reads and cpu.all_true(ok):
         return new.contiguous(), ~ok
     return torch.where(ok[:, None, None], new, roots).contiguous(), ~ok
-
-
-def finite_blocks(X: torch.Tensor) -> torch.Tensor:
-    """Whether each block of a (K, b, b) stack is finite, from its sum: one reduction, where
-    ``isfinite`` makes three passes. A NaN or Inf propagates into the sum; finite entries whose
-    sum leaves the float range (|entries| near 1e38 / b^2) count as non-finite too, which only
-    makes such a block keep its previous root."""
-    return torch.isfinite(X.sum(dim=(-2, -1)))
-
-
-def _all_true_on_host(flags: torch.Tensor) -> bool:
-    """Eager on the CPU, where reading flags is free: whether all are true (compiled or on an
-    accelerator: False, and the masked form runs, without a host sync)."""
-    return guard.decided_on_host(flags) and bool(flags.all())

@@ -42,3 +42,11 @@ def select(active: torch.Tensor | None, new: torch.Tensor, old: torch.Tensor) ->
 def flag_diverged(root: torch.Tensor, diverged: torch.Tensor) -> torch.Tensor:
     """The root with diverged blocks ((K, 1, 1) True) replaced by NaN, as a contiguous stack."""
     return torch.where(diverged, torch.full_like(root, float("nan")), root).contiguous()
+
+
+def finite_blocks(X: torch.Tensor) -> torch.Tensor:
+    """Whether each block of a (K, b, b) stack is finite, from its sum: one reduction, where
+    ``isfinite`` makes three passes. A NaN or Inf propagates into the sum; finite entries whose
+    sum leaves the float range (|entries| near 1e38 / b^2) count as non-finite too, which only
+    makes such a block keep its previous root."""
+    return torch.isfinite(X.sum(dim=(-2, -1)))

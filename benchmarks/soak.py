@@ -7,7 +7,8 @@ A byte-level Llama (examples/llama.py; d_model 64, 1 layer, context 32, batch 8)
 running Python's standard library sources (examples/train_lm.py's ``stdlib_corpus``) with one
 compiled train step: loss and gradients by ``torch.func.grad_and_value`` of a functional
 model, the faults applied to the gradients, then ``dash_fn.step``, all of it in one
-``torch.compile(fullgraph=True)`` function. The faults are data, not Python branches: every
+``torch.compile(fullgraph=True)`` function, with the refresh flag from the host's step count
+(two graphs, a plain step and a refresh step). The faults are data, not Python branches: every
 step passes the same tensors (a gradient scale, one poison value per parameter added to one of
 its entries, the lr as a 0-d tensor), so after the first window nothing recompiles.
 
@@ -21,7 +22,8 @@ window of ``--every`` steps holds one fault at a random step in it, the kinds cy
 * ``lr_spike``: the learning rate times 1000 for that step.
 
 The guard must skip exactly the nan, inf and scale steps (``state["skipped"]`` counts them,
-and the parameters and the whole state keep their bits on those steps); zero gradients and lr
+and the parameters and the whole state keep their bits on those steps, but for the roots of a
+skipped refresh step, refreshed from the unchanged factors); zero gradients and lr
 spikes are ordinary steps. Checked and reported: parameters finite after every step (a flag
 per step, kept on the device: no host sync), skips at exactly the faulted steps, bitwise
 unchanged state on skipped steps, root fallbacks (``state["factors", k, "fallbacks"]``),
@@ -88,13 +90,13 @@ def make_train_step(model: Llama, names: list[str], backend: str):
     flattened gradient gets ``poison[i]`` added (0.0 adds nothing; NaN or Inf poisons it);
     ``finite`` (0-d bool) tells whether every new parameter is finite."""
 
-    def train_step(params, state, tokens, lr, scale, poison, where):
+    def train_step(params, state, tokens, lr, scale, poison, where, refresh):
         grads, loss = torch.func.grad_and_value(lambda p: next_byte_loss(model, p, tokens))(params)
         faulty = {}
         for i, name in enumerate(names):
             g = grads[name] * scale
             faulty[name] = g.reshape(-1).index_add(0, where[i : i + 1], poison[i : i + 1]).view_as(g)
-        params, state = dash_fn.step(params, faulty, state, lr=lr)
+        params, state = dash_fn.step(params, faulty, state, lr=lr, refresh=refresh)
         finite = torch.stack([torch.isfinite(p).all() for p in params.values()]).all()
         return params, loss, finite
 
@@ -125,10 +127,11 @@ def same_bits(before: list[torch.Tensor], after) -> bool:
     return all(torch.equal(b, a) for b, a in zip(before, bits(after)))
 
 
-def state_tensors(state) -> list[torch.Tensor]:
-    """Every tensor of the state but the skip counter (which a skipped step increments)."""
+def state_tensors(state, roots: bool = True) -> list[torch.Tensor]:
+    """Every tensor of the state but the skip counter (which a skipped step increments), and
+    without the roots when ``roots`` is false (a skipped refresh step refreshes them)."""
     items = sorted(state.items(include_nested=True, leaves_only=True), key=lambda kv: str(kv[0]))
-    return [v for k, v in items if k != "skipped" and isinstance(v, torch.Tensor)]
+    return [v for k, v in items if k != "skipped" and (roots or k[-1] != "Fbar") and isinstance(v, torch.Tensor)]
 
 
 def fallbacks(state) -> int:
@@ -232,6 +235,7 @@ def run_soak(args, argv) -> dict:
             tokens = train[starts[t][:, None] + window]
             base_lr = lr_at(t, args.steps, args.lr, warmup=100)
             fault = faults.get(t)
+            refresh = dash_fn.is_refresh_step(config, t)
             for run in runs:
                 before = None
                 scale, poison, where, lr = one, no_poison, no_where, torch.tensor(base_lr)
@@ -248,15 +252,15 @@ def run_soak(args, argv) -> dict:
                         scale = torch.tensor(SCALE)
                     else:
                         lr = torch.tensor(base_lr * LR_SPIKE)
-                    before = bits(list(run.params.values()) + state_tensors(run.state)) if kind in SKIPPING else None
-                run.params, loss, finite = train_step(run.params, run.state, tokens, lr, scale, poison, where)
+                    before = bits(list(run.params.values()) + state_tensors(run.state, not refresh)) if kind in SKIPPING else None
+                run.params, loss, finite = train_step(run.params, run.state, tokens, lr, scale, poison, where, refresh)
                 run.loss[t] = loss.detach()
                 run.finite[t] = finite
                 run.skipped[t] = run.state["skipped"]
                 run.fallbacks[t] = sum(c.sum() for c in run.counters)
                 if before is not None:
                     bitwise_checked += 1
-                    if not same_bits(before, list(run.params.values()) + state_tensors(run.state)):
+                    if not same_bits(before, list(run.params.values()) + state_tensors(run.state, not refresh)):
                         bitwise_ok = False
                         bad_steps.append(t)
             if t == warmup:

@@ -89,6 +89,7 @@ def main(rank: int, world_size: int, init_file: str, out: str) -> None:
         "sharded": run(mixed_params(), SCENARIOS["eigh"][1], group, compile_backend="aot_eager")[0],
     }
     results["adapter"] = adapter_run(group)
+    results["syncs"] = count_syncs(group)
     torch.save(results, os.path.join(out, f"rank{rank}.pt"))
     dist.barrier()
     dist.destroy_process_group()
@@ -113,6 +114,32 @@ def adapter_run(group) -> dict:
                 opt.load_state_dict(saved)
         out[label] = [p.detach().clone() for p in model.parameters()]
     return out
+
+
+def count_syncs(group) -> list[str]:
+    """The host syncs of steady-state sharded steps under the accelerator strategy (simulated
+    on the CPU): functional and adapter, eager, NDB with momentum and the non-finite guard."""
+    from dash_fn.strategy import simulated_accelerator
+    from syncs import SyncCounter
+
+    config = SCENARIOS["ndb"][1]
+    counter = SyncCounter()
+    with simulated_accelerator():
+        params, state = run(mixed_params(), config, group, steps=2)  # warm: the first refresh is behind
+        for t in range(3, 6):
+            with counter:
+                params, state = dash_fn.step(params, random_grads(params, t), state, lr=1e-2, refresh=dash_fn.is_refresh_step(config, t))
+        model = torch.nn.Linear(30, 20)
+        opt = dash_fn.DASH(model.parameters(), lr=1e-2, block_size=8, solver="ndb", mu=0.5, inv_root_freq=2, process_group=group)
+        for t in range(5):
+            model.zero_grad()
+            model(torch.randn(4, 30, generator=torch.Generator().manual_seed(t))).square().mean().backward()
+            if t < 2:
+                opt.step()
+                continue
+            with counter:
+                opt.step()
+    return counter.syncs
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ then each rank's shard of it), so FSDP's own reduction is not under test.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -113,7 +114,32 @@ def equal_task(rank: int, world: int, out: str) -> None:
         set_grads(net, t, mesh)
         opt.step()
     results["compiled_adapter"] = [p.full_tensor() for p in net.parameters()]
+    results["syncs"] = count_syncs(mesh, world)
     torch.save(results, os.path.join(out, f"rank{rank}.pt"))
+
+
+def count_syncs(mesh, world: int) -> list[str]:
+    """The host syncs of steady-state FSDP2 steps under the accelerator strategy (simulated on
+    the CPU): functional on DTensor shards and adapter on fully_shard parameters, eager, NDB
+    with momentum and the non-finite guard."""
+    from dash_fn.strategy import simulated_accelerator
+    from syncs import SyncCounter
+
+    config = SCENARIOS["ndb"]
+    counter = SyncCounter()
+    with simulated_accelerator():
+        params, state = run_functional(config, mesh, steps=2)
+        for t in range(3, 6):
+            grads = {k: shard_of(v, mesh) for k, v in random_grads(full_params(), t).items()}
+            with counter:
+                params, state = dash_fn.step(params, grads, state, lr=1e-2, refresh=dash_fn.is_refresh_step(config, t))
+        net, _, mesh = sharded_training("fsdp", world)
+        opt = dash_fn.DASH(net.parameters(), **{**ADAPTER, "solver": "ndb", "inv_root_freq": 2})
+        for t in range(1, 6):
+            set_grads(net, t, mesh)
+            with counter if t > 2 else contextlib.nullcontext():
+                opt.step()
+    return counter.syncs
 
 
 def model(seed: int = 0) -> torch.nn.Module:

@@ -138,6 +138,12 @@ def test_every_rank_skips_a_step_that_overflows_on_one_rank(ranks):
     assert [results["skips"]["skipped"] for results in ranks] == [1] * len(ranks)
 
 
+def test_sharded_steps_do_not_sync_under_the_accelerator_strategy(ranks):
+    """Functional and adapter steps of every rank, eager, NDB with momentum and the guard, the
+    accelerator strategy simulated on the CPU: no op that reads a device value on the host."""
+    assert [results["syncs"] for results in ranks] == [[]] * len(ranks)
+
+
 def test_adapter_with_process_group_and_checkpoint_equals_one_process(ranks):
     for results in ranks:
         for got, want in zip(results["adapter"]["sharded"], results["adapter"]["single"]):

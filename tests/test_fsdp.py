@@ -176,6 +176,13 @@ def test_compiled_adapter_under_fsdp2_equals_one_process(ranks):
             assert torch.equal(got, want)
 
 
+def test_fsdp2_steps_do_not_sync_under_the_accelerator_strategy(ranks):
+    """Functional steps on DTensor shards and the adapter on fully_shard parameters, eager,
+    NDB with momentum and the guard, the accelerator strategy simulated on the CPU: no op that
+    reads a device value on the host, on any rank."""
+    assert [results["syncs"] for results in ranks] == [[]] * len(ranks)
+
+
 def test_local_blocks_are_each_shard_stepped_alone(ranks):
     """fsdp_blocks="local" equals one process run on each rank's shard as a whole parameter,
     and differs from the exact blocks (the price of no communication)."""

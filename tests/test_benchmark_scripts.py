@@ -14,6 +14,8 @@ def test_gpu_check_dry_run(capsys):
     out = capsys.readouterr().out
     assert "| dash_fn compiled (aot_eager) | tiny | 16 | ndb |" in out
     assert "sequential per-block" in out and "torch AdamW (foreach)" in out
+    assert "| adapter, eager | no sync in 5 steps |" in out  # counted under the simulated accelerator strategy
+    assert "| ndb: float32 on cpu vs float64 on CPU" in out
 
 
 def test_step_bench_quick(capsys):

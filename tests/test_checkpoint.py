@@ -10,6 +10,8 @@ import dash_fn
 from conftest import assert_equal_states, mixed_params, random_grads, tensors
 from dash_fn.roots import SOLVERS
 
+pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (README, Tests)
+
 # Roots refresh at steps 1 (t = start_prec_step) and 3 (inv_root_freq = 3): resuming after
 # step 2 crosses the schedule, with roots computed before and after the checkpoint.
 CONFIG = dict(block_size=16, inv_root_freq=3, mu=0.5, weight_decay=0.01)

@@ -7,6 +7,8 @@ from torch._dynamo.utils import counters
 import dash_fn
 from conftest import mixed_params, random_grads
 
+pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (README, Tests)
+
 
 def run(step_fn, config, dtype, steps, shapes=None):
     params = mixed_params(dtype) if shapes is None else mixed_params(dtype, shapes=shapes)

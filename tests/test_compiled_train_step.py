@@ -10,6 +10,8 @@ from conftest import mixed_params, random_grads
 from dash_fn.roots import SOLVERS
 from llama import Llama, LlamaConfig
 
+pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (README, Tests)
+
 SOLVER_NAMES = sorted(SOLVERS)
 
 

@@ -105,7 +105,8 @@ def test_a_ranks_checkpoint_loads_only_on_that_rank(tmp_path):
     assert "shard" not in blob  # one-process files are as before
 
 
-@pytest.fixture(scope="module", params=[2, 3])
+# W = 2 also runs under the simulated accelerator strategy (README, Tests)
+@pytest.fixture(scope="module", params=[pytest.param(2, marks=pytest.mark.accelerator), 3])
 def ranks(request, tmp_path_factory):
     """Every rank's results of tests/distributed_worker.py run in ``world_size`` processes."""
     world_size = request.param

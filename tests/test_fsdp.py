@@ -140,7 +140,8 @@ def launch(world_size: int, out, task: str, *args: str) -> None:
         assert proc.returncode == 0, error[-3000:]
 
 
-@pytest.fixture(scope="module", params=[2, 3])
+# W = 2 also runs under the simulated accelerator strategy (README, Tests)
+@pytest.fixture(scope="module", params=[pytest.param(2, marks=pytest.mark.accelerator), 3])
 def ranks(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"fsdp_w{request.param}")
     launch(request.param, out, "equal")

@@ -11,6 +11,8 @@ import dash_fn
 from conftest import assert_equal_states, mixed_params, random_grads, tensors
 from dash_fn.roots import SOLVERS
 
+pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (README, Tests)
+
 CONFIG = dict(block_size=16, solver="eigh", inv_root_freq=3)
 # Every kind of parameter (blocks, strips and corners, a conv kernel, AdamW vectors), kept small.
 SHAPES = {"square": (32, 32), "rect": (40, 21), "conv": (3, 4, 3, 3), "bias": (40,), "vec": (7,), "scalar": ()}

@@ -9,6 +9,8 @@ import dash_fn
 from conftest import mixed_params, random_grads
 from reference import ReferenceDash
 
+pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (README, Tests)
+
 CONFIGS = {
     "default-eigh": dict(solver="eigh", inv_root_freq=1),
     "freq3-s4-momentum": dict(solver="eigh", inv_root_freq=3, start_prec_step=4, mu=0.5, nesterov=True, weight_decay=0.1, weight_decay_1d=0.05),
@@ -28,7 +30,7 @@ def run_both(config, dtype, steps, lr=0.01, scale=1.0):
     ref_params = mixed_params(torch.float64)
     for t in range(1, steps + 1):
         grads = random_grads(params, t, scale=scale)
-        params, state = dash_fn.step(params, grads, state, lr=lr)
+        params, state = dash_fn.step(params, grads, state, lr=lr, refresh=dash_fn.is_refresh_step(config, t))
         ref_params = ref.step(ref_params, random_grads(ref_params, t, scale=scale), lr)
     return params, ref_params
 
@@ -130,7 +132,7 @@ def test_chebyshev_inside_step_matches_the_shifted_eigh_root():
     ref = ReferenceDash(mixed_params(torch.float64), config, root=shifted_root)
     ref_params = mixed_params(torch.float64)
     for t in range(1, 9):
-        params, state = dash_fn.step(params, random_grads(params, t), state, lr=0.01)
+        params, state = dash_fn.step(params, random_grads(params, t), state, lr=0.01, refresh=dash_fn.is_refresh_step(config, t))
         ref_params = ref.step(ref_params, random_grads(ref_params, t), 0.01)
     errs = max_relative_error(params, ref_params)
     assert max(errs.values()) < 1e-5, errs

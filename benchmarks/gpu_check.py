@@ -133,7 +133,7 @@ def accuracy(device: torch.device, shapes: dict, block: int, solver: str, steps:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, aot_eager, the accelerator strategy simulated")
     parser.add_argument("--solver", nargs="+", default=["ndb", "eigh"], help="root solvers to time")
     parser.add_argument("--reps", type=int, default=10, help="timed steps per row (median; 1 with --dry-run)")

@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from .identity import shifted
+from .identity import diagonal, shifted
 from .matmul import aligned_width
 from .scaling import root
 
@@ -66,7 +66,7 @@ def pad_aligned(X: torch.Tensor) -> torch.Tensor:
     padded = aligned_width(b, X.dtype)
     if padded == b:
         return X
-    c = X.diagonal(dim1=-2, dim2=-1).abs().amax(dim=-1, keepdim=True)
+    c = diagonal(X).abs().amax(dim=-1, keepdim=True)
     P = torch.diag_embed(c.expand(K, padded))
     P[:, :b, :b] = X
     return P

@@ -420,7 +420,7 @@ def _warn_if_adam_eps(options: Mapping, where: str) -> None:
     1e-10), Adam's epsilon is ``eps_graft`` (grafting) and ``adamw_eps`` (vectors). An ``eps`` of
     at least Adam's default 1e-8 set without either of those is most likely meant for Adam."""
     eps = options.get("eps")
-    if isinstance(eps, Real) and eps >= 1e-8 and "eps_graft" not in options and "adamw_eps" not in options:
+    if isinstance(eps, (int, float)) and eps >= 1e-8 and "eps_graft" not in options and "adamw_eps" not in options:
         warnings.warn(
             f"{where}: eps={eps:g} sets Shampoo's damping (the roots of X + eps I; default {DashConfig.eps:g}), not Adam's "
             "epsilon as in torch.optim.AdamW: DASH's Adam epsilons are eps_graft (grafting) and adamw_eps (vectors), "

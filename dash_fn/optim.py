@@ -215,13 +215,17 @@ class DASH(torch.optim.Optimizer):
         """
         for hook in self._optimizer_state_dict_pre_hooks.values():
             hook(self)
-        groups, state, start, index_of = [], {}, 0, {}
+        groups: list[dict] = []
+        state: dict = {}
+        index_of: dict[int, int] = {}
+        start = 0
         for group in self.param_groups:
             params = group["params"]
             # one index per distinct tensor, numbered as torch.optim numbers them (a tensor listed twice
             # in a group: the index of its last listing)
             index_of.update({id(p): i for i, p in enumerate(params, start) if id(p) not in index_of})
-            groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": [index_of[id(p)] for p in params]})
+            hyper = {k: v for k, v in group.items() if k != "params"}
+            groups.append({**hyper, "params": [index_of[id(p)] for p in params]})
             entry = self.state.get(params[0]) if params else None
             if entry:
                 entries = param_entries(entry["dash"])
@@ -302,7 +306,10 @@ class DASH(torch.optim.Optimizer):
         others = {k: v for k, v in saved_state.items() if k not in used}
         strays = [k for k in others if isinstance(k, int)]
         if strays:
-            raise ValueError(f"load_state_dict: the checkpoint has state under key {strays[0]!r}, which names no parameter of this optimizer (a state dict of another optimizer?)")
+            raise ValueError(
+                f"load_state_dict: the checkpoint has state under key {strays[0]!r}, which names no parameter of this "
+                "optimizer (a state dict of another optimizer?)"
+            )
         return groups, entries, others
 
 
@@ -396,7 +403,8 @@ def _tensor_counters(entry):
     counters = {}
     for k in ("step", "skipped"):
         v = entry.get(k)
-        if isinstance(v, bool) or not (isinstance(v, Real) or (isinstance(v, torch.Tensor) and v.ndim == 0 and v.dtype != torch.int64)):
+        other_tensor = isinstance(v, torch.Tensor) and v.ndim == 0 and v.dtype != torch.int64
+        if isinstance(v, bool) or not (isinstance(v, Real) or other_tensor):
             continue
         counters[k] = torch.as_tensor(v).to(torch.int64)
         if counters[k] != v:
@@ -422,9 +430,9 @@ def _warn_if_adam_eps(options: Mapping, where: str) -> None:
     eps = options.get("eps")
     if isinstance(eps, (int, float)) and eps >= 1e-8 and "eps_graft" not in options and "adamw_eps" not in options:
         warnings.warn(
-            f"{where}: eps={eps:g} sets Shampoo's damping (the roots of X + eps I; default {DashConfig.eps:g}), not Adam's "
-            "epsilon as in torch.optim.AdamW: DASH's Adam epsilons are eps_graft (grafting) and adamw_eps (vectors), "
-            "default 1e-8 each. To port AdamW(eps=...), pass eps_graft= and adamw_eps= instead; to mean the damping, "
-            "pass either of them too (even at its default) and this warning goes away.",
+            f"{where}: eps={eps:g} sets Shampoo's damping (the roots of X + eps I; default {DashConfig.eps:g}), "
+            "not Adam's epsilon as in torch.optim.AdamW: DASH's Adam epsilons are eps_graft (grafting) and "
+            "adamw_eps (vectors), default 1e-8 each. To port AdamW(eps=...), pass eps_graft= and adamw_eps= "
+            "instead; to mean the damping, pass either of them too (even at its default) and this warning goes away.",
             stacklevel=3,
         )

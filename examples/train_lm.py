@@ -189,7 +189,8 @@ def train(name: str, peak_lr: float, seed: int, loss_fn, grad_fn, init_params: d
             log["val_loss"].append(evaluate(loss_fn, params, val_data, args, seed))
             log["val_wall"].append(wall)
         ms = f"{1e3 * wall / log['timed_steps']:.0f}" if log["timed_steps"] else "-"  # steps after the compiling ones
-        bar.set_postfix(loss=f"{loss:.3f}", val=f"{log['val_loss'][-1]:.3f}" if log["val_loss"] else "-", ms=ms, compile_s=f"{log['compile_s']:.0f}")
+        val = f"{log['val_loss'][-1]:.3f}" if log["val_loss"] else "-"
+        bar.set_postfix(loss=f"{loss:.3f}", val=val, ms=ms, compile_s=f"{log['compile_s']:.0f}")
     if final is not None:
         final[f"{name}@{peak_lr:g} seed {seed}"] = {k: v.detach().cpu().clone() for k, v in params.items()}
     return log

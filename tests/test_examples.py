@@ -142,7 +142,8 @@ def test_train_lm_progress_bar_says_when_a_step_compiles(monkeypatch, tmp_path):
             events.append(("postfix", fields))
 
     monkeypatch.setattr(tqdm, "tqdm", Bar)
-    train_lm.main(["--runs", "dash-eigh@3e-3", *[a for a in TINY if a != "--no-progress"], "--block-size", "32", "--out", str(tmp_path)])
+    with_bar = [a for a in TINY if a != "--no-progress"]
+    train_lm.main(["--runs", "dash-eigh@3e-3", *with_bar, "--block-size", "32", "--out", str(tmp_path)])
     notes, t = {}, None
     for kind, value in events:  # the notes set within each step
         if kind == "step":

@@ -373,7 +373,8 @@ def test_load_state_dict_takes_step_counters_as_numbers_or_float_tensors():
     opt = stepped(dash_fn.DASH, list(parameters().values()), lr=0.01, **CONFIG)
     for form in (int, lambda t: t.float()):
         saved = opt.state_dict()
-        saved["state"] = {k: {**v, "step": form(v["step"]), "skipped": form(v["skipped"])} for k, v in saved["state"].items()}
+        counters = lambda v: {"step": form(v["step"]), "skipped": form(v["skipped"])}
+        saved["state"] = {k: {**v, **counters(v)} for k, v in saved["state"].items()}
         fresh = dash_fn.DASH(list(parameters().values()), lr=0.01, **CONFIG)
         fresh.load_state_dict(saved)
         assert_equal_states(state_of(fresh), state_of(opt))
@@ -427,7 +428,10 @@ def test_compiled_groups_of_different_shapes_have_graphs_of_their_own():
     shapes = [{"w": (8 + i, 6), "b": (6 + i,)} for i in range(3)]
     runs = []
     for compile in (False, {"backend": "aot_eager"}):
-        groups = [{"params": [torch.nn.Parameter(v) for v in mixed_params(shapes=s).values()], "lr": 0.01 * (i + 1)} for i, s in enumerate(shapes)]
+        groups = [
+            {"params": [torch.nn.Parameter(v) for v in mixed_params(shapes=s).values()], "lr": 0.01 * (i + 1)}
+            for i, s in enumerate(shapes)
+        ]
         opt = dash_fn.DASH(groups, compile=compile, block_size=16, solver="eigh", inv_root_freq=2)
         with torch._dynamo.config.patch(recompile_limit=1):
             for t in range(1, 3):
@@ -484,8 +488,9 @@ def test_inductor_compiled_step_prints_no_torch_deprecation_warning():
     params = [torch.nn.Parameter(torch.randn(6, 5)), torch.nn.Parameter(torch.randn(5))]
     opt = dash_fn.DASH(params, lr=0.01, compile=True, block_size=8, solver="eigh", inv_root_freq=2)
     # compiled afresh: a graph from Inductor's caches is not lowered again, and would not warn
-    no_cache = torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False)
-    with no_cache[0], no_cache[1], warnings.catch_warnings(record=True) as caught:
+    no_fx_cache = torch._inductor.config.patch(fx_graph_cache=False)
+    no_aot_cache = torch._functorch.config.patch(enable_autograd_cache=False)
+    with no_fx_cache, no_aot_cache, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for t in range(1, 3):  # a refresh step, then a plain one: both graphs
             for p, g in zip(params, random_grads(dict(enumerate(params)), t).values()):

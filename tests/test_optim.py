@@ -444,6 +444,17 @@ def test_compiled_groups_of_different_shapes_have_graphs_of_their_own():
         torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
 
 
+def test_more_compiled_groups_than_the_default_recompile_limit():
+    """10 groups of different shapes (one lr per layer) at Dynamo's default limit of 8."""
+    groups = [{"params": [torch.nn.Parameter(torch.randn(4 + i, 3))], "lr": 0.01} for i in range(10)]
+    opt = dash_fn.DASH(groups, compile={"backend": "aot_eager"}, block_size=16, solver="eigh")
+    before = [g["params"][0].detach().clone() for g in groups]
+    for group in groups:
+        group["params"][0].grad = torch.randn_like(group["params"][0])
+    opt.step()
+    assert all(not torch.equal(g["params"][0], b) for g, b in zip(groups, before))
+
+
 def test_eps_that_looks_ported_from_adamw_warns_and_names_the_adam_epsilons():
     params = list(parameters().values())
     with pytest.warns(UserWarning, match=r"eps=1e-08 sets Shampoo's damping.*eps_graft.*adamw_eps"):

@@ -29,6 +29,8 @@ from typing import Sequence
 
 import torch
 
+from .roots.identity import diagonal
+
 
 def all_finite(vectors: Sequence[torch.Tensor], products: Sequence[torch.Tensor]) -> torch.Tensor:
     """Whether the AdamW ``vectors``' gradients and every factor product are finite (0-d bool).
@@ -38,7 +40,7 @@ def all_finite(vectors: Sequence[torch.Tensor], products: Sequence[torch.Tensor]
     there, and a column's in G^T G; off-diagonal entries are bounded by the diagonal ones
     (Cauchy-Schwarz). So the diagonals are all that is read of the block gradients."""
     checks = [torch.isfinite(g).all() for g in vectors if g.numel()]
-    checks += [torch.isfinite(X.diagonal(dim1=-2, dim2=-1)).all() for X in products if X.numel()]
+    checks += [torch.isfinite(diagonal(X)).all() for X in products if X.numel()]
     if not checks:
         device = next((x.device for x in [*vectors, *products]), None)
         return torch.ones((), dtype=torch.bool, device=device)

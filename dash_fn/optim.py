@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
+import warnings
 from collections import defaultdict
 from collections.abc import Mapping
 from copy import deepcopy
@@ -68,8 +70,8 @@ class DASH(torch.optim.Optimizer):
     data-dependent control flow; the parameters and the state's tensors, which the step updates
     in place, are static addresses, so ``compile={"mode": "reduce-overhead"}`` captures each
     step in a CUDA graph (with a matmul solver: eigh syncs, and is refused there). (Dynamo caches
-    graphs per function, each kind of step in its own: more groups than
-    ``torch._dynamo.config.recompile_limit`` exceed its limit.)
+    graphs, and counts its ``recompile_limit``, per code object: each group and kind of step
+    gets a copy of its own, so any number of groups of different shapes compile.)
 
     ``process_group`` (a ``torch.distributed`` group, e.g. ``dist.group.WORLD`` under DDP)
     shards every group's state across its ranks (:mod:`dash_fn.distributed`): each rank
@@ -91,6 +93,8 @@ class DASH(torch.optim.Optimizer):
             raise TypeError(f"DASH got unknown option {unknown[0]!r}; its options are lr, compile and the DashConfig fields {CONFIG_FIELDS}")
         if not isinstance(compile, (bool, Mapping)):
             raise TypeError(f"DASH: compile must be a bool or a dict of torch.compile arguments, got {type(compile).__name__}")
+        _check_lr(lr, "DASH")  # before the base class looks at params, as torch.optim's optimizers do
+        _warn_if_adam_eps(config_fields, "DASH")
         defaults = {"lr": lr, **dataclasses.asdict(DashConfig(**config_fields))}
         self._compile = dict(compile) if isinstance(compile, Mapping) else compile
         self._compiled_steps = {}
@@ -110,6 +114,7 @@ class DASH(torch.optim.Optimizer):
             raise TypeError(f"param group has unknown key {unknown[0]!r}; the keys DASH knows are {GROUP_KEYS}")
         merged = {**self.defaults, **param_group}
         _check_lr(merged["lr"], "param group")
+        _warn_if_adam_eps(param_group, "param group")
         group_config(merged, "param group")
         k = param_group.get("batch_dims", 0)
         if not isinstance(k, int) or isinstance(k, bool) or k < 0:
@@ -150,6 +155,7 @@ class DASH(torch.optim.Optimizer):
         config = group_config(group, where)
         lr = group["lr"]
         _check_lr(lr, where)
+        lr = lr.reshape(()) if isinstance(lr, torch.Tensor) else lr  # torch.optim's 1-element form
         names = _names(group)
         values = {n: p.detach() for n, p in zip(names, params)}
         entry = self.state.get(params[0])
@@ -176,7 +182,7 @@ class DASH(torch.optim.Optimizer):
             mark_static(state)
             # the parameters themselves, which Dynamo takes as static addresses (their detached
             # views are new tensors every step)
-            state = self._compiled(refresh)(dict(zip(names, params)), _grads_of(names, params), state, lr)
+            state = self._compiled(refresh, where)(dict(zip(names, params)), _grads_of(names, params), state, lr)
         for view, old in zip(untouched(state), kept):
             view.copy_(old)
         self.state[params[0]] = {"dash": state, "step": t + 1}
@@ -185,14 +191,16 @@ class DASH(torch.optim.Optimizer):
         """Per param group, the steps skipped because a gradient was not finite (a host read)."""
         return [int(self.state[g["params"][0]]["dash"]["skipped"]) if self.state.get(g["params"][0]) else 0 for g in self.param_groups]
 
-    def _compiled(self, refresh: bool):
-        """The compiled step that refreshes the roots (True) or does not (False)."""
-        if refresh not in self._compiled_steps:
+    def _compiled(self, refresh: bool, group: str = ""):
+        """The compiled step that refreshes the roots (True) or does not (False), for one param
+        group (``group`` names it)."""
+        if (refresh, group) not in self._compiled_steps:
             # dynamic=False: Dynamo caches graphs per function, so a second optimizer (another
             # model) would otherwise turn the plan's ints symbolic, which the step cannot trace
             options = {"dynamic": False, **({} if self._compile is True else self._compile)}
-            self._compiled_steps[refresh] = torch.compile(_STEPS_INTO[refresh], fullgraph=True, **options)
-        return self._compiled_steps[refresh]
+            step = _own_code(_STEPS_INTO[refresh])  # per group: see _own_code
+            self._compiled_steps[refresh, group] = torch.compile(step, fullgraph=True, **options)
+        return self._compiled_steps[refresh, group]
 
     def state_dict(self) -> dict:
         """``torch.optim``'s layout: ``{"state": ..., "param_groups": [...]}``.
@@ -208,16 +216,25 @@ class DASH(torch.optim.Optimizer):
         """
         for hook in self._optimizer_state_dict_pre_hooks.values():
             hook(self)
-        groups, state, start = [], {}, 0
+        groups: list[dict] = []
+        state: dict = {}
+        index_of: dict[int, int] = {}
+        start = 0
         for group in self.param_groups:
             params = group["params"]
-            groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": list(range(start, start + len(params)))})
+            # one index per distinct tensor, numbered as torch.optim numbers them (a tensor listed twice
+            # in a group: the index of its last listing)
+            index_of.update({id(p): i for i, p in enumerate(params, start) if id(p) not in index_of})
+            hyper = {k: v for k, v in group.items() if k != "params"}
+            groups.append({**hyper, "params": [index_of[id(p)] for p in params]})
             entry = self.state.get(params[0]) if params else None
             if entry:
                 entries = param_entries(entry["dash"])
-                for i, name in enumerate(_names(group)):
-                    state[start + i] = entries[name]
+                for name, p in zip(_names(group), params):
+                    state.setdefault(index_of[id(p)], entries[name])
             start += len(params)
+        # what others keep in optimizer.state under keys that are not parameters, kept as torch.optim keeps it
+        state.update((k, v) for k, v in self.state.items() if not isinstance(k, torch.Tensor))
         state_dict = {"state": state, "param_groups": groups}
         for hook in self._optimizer_state_dict_post_hooks.values():
             state_dict = hook(self, state_dict) or state_dict
@@ -236,8 +253,8 @@ class DASH(torch.optim.Optimizer):
         state_dict = dict(state_dict)
         for hook in self._optimizer_load_state_dict_pre_hooks.values():
             state_dict = hook(self, state_dict) or state_dict
-        groups, entries = self._restored(state_dict)
-        self.state = defaultdict(dict)
+        groups, entries, others = self._restored(state_dict)
+        self.state = defaultdict(dict, others)
         for group in groups:
             if group["params"] and group["params"][0] in entries:
                 self.state[group["params"][0]] = entries[group["params"][0]]
@@ -261,15 +278,17 @@ class DASH(torch.optim.Optimizer):
             state = load_param_entries(init(values, config, self._process_group, _batch_dims(group)), dict(zip(values, found)), where)
         return {"dash": state, "step": int(state["step"]) + int(state["skipped"])}  # the group's calls
 
-    def _restored(self, state_dict) -> tuple[list[dict], dict]:
-        """The new param groups and state entries of a state dict, checked against this optimizer."""
+    def _restored(self, state_dict) -> tuple[list[dict], dict, dict]:
+        """The new param groups, state entries and non-parameter state (keys that are not
+        parameter indices, which others put in ``optimizer.state``) of a state dict, checked
+        against this optimizer."""
         if not isinstance(state_dict, Mapping) or not isinstance(state_dict.get("param_groups"), list) or not isinstance(state_dict.get("state"), Mapping):
             raise ValueError("load_state_dict: expected a dict with 'state' (a dict) and 'param_groups' (a list), as DASH.state_dict() returns")
         saved_groups = deepcopy(state_dict["param_groups"])
         if len(saved_groups) != len(self.param_groups):
             raise ValueError(f"load_state_dict: the checkpoint has {len(saved_groups)} param groups, this optimizer {len(self.param_groups)}")
         saved_state = dict(state_dict["state"])
-        groups, entries = [], {}
+        groups, entries, used = [], {}, set()
         for index, (group, saved) in enumerate(zip(self.param_groups, saved_groups)):
             where = f"load_state_dict: param_groups[{index}]"
             params = group["params"]
@@ -280,13 +299,19 @@ class DASH(torch.optim.Optimizer):
             config = group_config(new_group, where)
             _check_lr(new_group["lr"], where)
             check_layout(config, group_config(group, where), where)
-            found = [saved_state.pop(key) for key in saved.get("params", ()) if key in saved_state]
+            found = [_tensor_counters(saved_state[key]) for key in saved.get("params", ()) if key in saved_state]
+            used.update(saved.get("params", ()))
             if found:
                 entries[params[0]] = self._restored_state(new_group, config, found, where)
             groups.append(new_group)
-        if saved_state:
-            raise ValueError(f"load_state_dict: the checkpoint has state under key {next(iter(saved_state))!r}, which names no parameter of this optimizer (a state dict of another optimizer?)")
-        return groups, entries
+        others = {k: v for k, v in saved_state.items() if k not in used}
+        strays = [k for k in others if isinstance(k, int)]
+        if strays:
+            raise ValueError(
+                f"load_state_dict: the checkpoint has state under key {strays[0]!r}, which names no parameter of this "
+                "optimizer (a state dict of another optimizer?)"
+            )
+        return groups, entries, others
 
 
 def _step_into(values: dict, grads: dict, state, lr, refresh: bool | None):
@@ -323,6 +348,14 @@ def _check_cuda_graph_solver(options, config: DashConfig, device: torch.device, 
             "reads its error flags on the host once per call; use a matmul solver (solver='ndb', 'cn' or 'chebyshev') "
             "or compile without CUDA graphs"
         )
+
+
+def _own_code(fn):
+    """A copy of ``fn`` with a code object of its own. Dynamo keeps its graph cache, and counts
+    its ``recompile_limit`` (8), per code object: one copy per param group and kind of step
+    gives each group its own graphs, so any number of groups of different shapes (per-layer
+    learning rates) compile, and no group's call walks the other groups' guards."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
 def group_config(group: Mapping, where: str) -> DashConfig:
@@ -371,9 +404,45 @@ def _grads_of(names: list[str], params: list[torch.Tensor]) -> dict[str, torch.T
     return {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in zip(names, params)}
 
 
+def _tensor_counters(entry):
+    """A saved parameter entry with its ``step`` / ``skipped`` counters as int64 0-d tensors,
+    when they are Python numbers (as older ``torch.optim`` dicts hold ``step``) or 0-d tensors
+    of another dtype (``torch.optim`` keeps ``step`` in float32)."""
+    if not isinstance(entry, Mapping):
+        return entry
+    counters = {}
+    for k in ("step", "skipped"):
+        v = entry.get(k)
+        other_tensor = isinstance(v, torch.Tensor) and v.ndim == 0 and v.dtype != torch.int64
+        if isinstance(v, bool) or not (isinstance(v, Real) or other_tensor):
+            continue
+        counters[k] = torch.as_tensor(v).to(torch.int64)
+        if counters[k] != v:
+            raise ValueError(f"load_state_dict: a parameter's {k!r} must be a whole number, got {v!r}")
+    return {**entry, **counters} if counters else entry
+
+
 def _check_lr(lr, where: str) -> None:
+    """A number >= 0 or a 1-element floating tensor (0-d or of shape (1,), as ``torch.optim`` takes it)."""
     if isinstance(lr, torch.Tensor):
-        if lr.ndim != 0 or not lr.is_floating_point():
-            raise ValueError(f"{where}: lr must be a number or a 0-d floating tensor, got a tensor of shape {tuple(lr.shape)} and dtype {lr.dtype}")
+        if lr.numel() != 1:
+            raise ValueError(f"{where}: Tensor lr must be 1-element, got a tensor of shape {tuple(lr.shape)}")
+        if not lr.is_floating_point():
+            raise ValueError(f"{where}: a tensor lr must be floating point, got dtype {lr.dtype}")
     elif not isinstance(lr, Real) or isinstance(lr, bool) or not math.isfinite(lr) or lr < 0:
-        raise ValueError(f"{where}: lr must be a finite number >= 0 or a 0-d tensor, got {lr!r}")
+        raise ValueError(f"{where}: lr must be a finite number >= 0 or a 1-element tensor, got {lr!r}")
+
+
+def _warn_if_adam_eps(options: Mapping, where: str) -> None:
+    """Warn when ``eps`` looks ported from Adam: DASH's ``eps`` is Shampoo's damping (default
+    1e-10), Adam's epsilon is ``eps_graft`` (grafting) and ``adamw_eps`` (vectors). An ``eps`` of
+    at least Adam's default 1e-8 set without either of those is most likely meant for Adam."""
+    eps = options.get("eps")
+    if isinstance(eps, (int, float)) and eps >= 1e-8 and "eps_graft" not in options and "adamw_eps" not in options:
+        warnings.warn(
+            f"{where}: eps={eps:g} sets Shampoo's damping (the roots of X + eps I; default {DashConfig.eps:g}), "
+            "not Adam's epsilon as in torch.optim.AdamW: DASH's Adam epsilons are eps_graft (grafting) and "
+            "adamw_eps (vectors), default 1e-8 each. To port AdamW(eps=...), pass eps_graft= and adamw_eps= "
+            "instead; to mean the damping, pass either of them too (even at its default) and this warning goes away.",
+            stacklevel=3,
+        )

@@ -133,8 +133,9 @@ def check_batch_dims(batch_dims: Mapping[str, int] | None, specs) -> dict[str, i
         if name not in batch_dims and len(squeezed) > 2 and not all(d <= 11 for d in squeezed[2:]):
             warnings.warn(
                 f"parameter {name!r} of shape {tuple(shape)} is viewed as one ({squeezed[0]}, {math.prod(squeezed[1:])}) matrix; "
-                f"if its leading dims index independent matrices (experts, heads), declare them: batch_dims={{{name!r}: 1}} "
-                "(a param-group key of dash_fn.DASH), so that each gets its own factors",
+                "if its leading dims index independent matrices (experts, heads), declare them, so that each gets "
+                f"its own factors: batch_dims={{{name!r}: 1}} in dash_fn.init, or in dash_fn.DASH a param group of "
+                'its own with "batch_dims": 1 (e.g. {"params": [...], "batch_dims": 1})',
                 stacklevel=3,
             )
     return batch_dims

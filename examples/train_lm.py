@@ -167,11 +167,14 @@ def train(name: str, peak_lr: float, seed: int, loss_fn, grad_fn, init_params: d
         tokens = batch_at(train_data, t, args.batch, args.context, seed).to(args.device)
         lr.fill_(lr_at(t, args.steps, peak_lr, args.warmup))
         kind = opt.refresh_at(t)
+        compiles = t <= 2 or kind not in kinds
+        if compiles and args.backend != "none":  # the bar's first rates then count compile time: say so
+            bar.set_postfix_str(f"compiling step {t}'s graphs (once per run; later steps are far faster)")
         start = time.perf_counter()
         grads, loss = grad_fn(params, tokens)
         params = opt.update(params, grads, lr, kind)
         loss = float(loss)  # syncs: the wall time below covers the whole step
-        if t <= 2 or kind not in kinds:
+        if compiles:
             log["compile_s"] += time.perf_counter() - start
             kinds.add(kind)
         else:
@@ -184,7 +187,9 @@ def train(name: str, peak_lr: float, seed: int, loss_fn, grad_fn, init_params: d
             log["val_step"].append(t)
             log["val_loss"].append(evaluate(loss_fn, params, val_data, args, seed))
             log["val_wall"].append(wall)
-        bar.set_postfix(loss=f"{loss:.3f}", val=f"{log['val_loss'][-1]:.3f}" if log["val_loss"] else "-", ms=f"{1e3 * wall / max(1, log['timed_steps']):.0f}")
+        ms = f"{1e3 * wall / log['timed_steps']:.0f}" if log["timed_steps"] else "-"  # steps after the compiling ones
+        val = f"{log['val_loss'][-1]:.3f}" if log["val_loss"] else "-"
+        bar.set_postfix(loss=f"{loss:.3f}", val=val, ms=ms, compile_s=f"{log['compile_s']:.0f}")
     if final is not None:
         final[f"{name}@{peak_lr:g} seed {seed}"] = {k: v.detach().cpu().clone() for k, v in params.items()}
     return log
@@ -354,6 +359,9 @@ class _Silent:
         return iter(self.iterable)
 
     def set_postfix(self, **kwargs):
+        pass
+
+    def set_postfix_str(self, text: str):
         pass
 
 

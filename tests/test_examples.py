@@ -117,3 +117,38 @@ def test_fsdp_train_checkpoints_resume_exactly_and_at_another_world_size(tmp_pat
     single = run([sys.executable, script, *tiny, "--resume", str(ckpt / "step_2")])
     assert "ranks 1," in single
     assert abs(float(val_loss(single)) - float(val_loss(whole))) < 1e-3
+
+
+def test_train_lm_progress_bar_says_when_a_step_compiles(monkeypatch, tmp_path):
+    """While a step's graphs compile the bar says so (its first rates count compile time);
+    the later steps' postfix shows the step time and the compile seconds apart."""
+    import tqdm
+
+    events = []
+
+    class Bar:
+        def __init__(self, iterable, **kwargs):
+            self.iterable = iterable
+
+        def __iter__(self):
+            for t in self.iterable:
+                events.append(("step", t))
+                yield t
+
+        def set_postfix_str(self, text):
+            events.append(("note", text))
+
+        def set_postfix(self, **fields):
+            events.append(("postfix", fields))
+
+    monkeypatch.setattr(tqdm, "tqdm", Bar)
+    with_bar = [a for a in TINY if a != "--no-progress"]
+    train_lm.main(["--runs", "dash-eigh@3e-3", *with_bar, "--block-size", "32", "--out", str(tmp_path)])
+    notes, t = {}, None
+    for kind, value in events:  # the notes set within each step
+        if kind == "step":
+            t, notes[value] = value, []
+        elif kind == "note":
+            notes[t].append(value)
+    assert all("compiling" in notes[t][0] for t in (1, 2)) and notes[3] == notes[4] == []
+    assert [e[1] for e in events if e[0] == "postfix"][-1]["compile_s"].isdigit()

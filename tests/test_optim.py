@@ -1,6 +1,7 @@
 """dash_fn.DASH, the torch.optim adapter: it equals the functional step bitwise, per group."""
 
 import math
+import re
 import warnings
 
 import pytest
@@ -339,3 +340,195 @@ def test_mixed_precision_group_says_why_its_state_is_float64():
         warnings.simplefilter("error")
         split.step()
     assert state_of(split, 1)["groups", "0", "A"].dtype == torch.float32
+
+
+# --- where DASH keeps torch.optim's contract (issue 28): torch.optim.Adam is the oracle ---
+
+
+def stepped(opt_cls, params, **kwargs):
+    """An optimizer of ``opt_cls`` over ``params`` after one step with fixed gradients."""
+    opt = opt_cls(params, **kwargs)
+    for p, g in zip(params, random_grads({str(i): p for i, p in enumerate(params)}, 1).values()):
+        p.grad = g
+    opt.step()
+    return opt
+
+
+@pytest.mark.parametrize("opt_cls,kwargs", [(torch.optim.Adam, {}), (dash_fn.DASH, CONFIG)], ids=["Adam", "DASH"])
+def test_state_dict_keeps_what_hooks_store_in_optimizer_state(opt_cls, kwargs):
+    """A pre-hook's ``opt.state["x"] = 1`` reaches the post-hook and the dict, and a loaded
+    dict puts it back into ``opt.state``, as torch.optim.Adam does."""
+    opt = stepped(opt_cls, list(parameters().values()), lr=0.01, **kwargs)
+    seen = []
+    opt.register_state_dict_pre_hook(lambda o: o.state.__setitem__("x", 1))
+    opt.register_state_dict_post_hook(lambda o, sd: seen.append(sd["state"].get("x")))
+    saved = opt.state_dict()
+    assert seen == [1] and saved["state"]["x"] == 1
+    fresh = opt_cls(list(parameters().values()), lr=0.01, **kwargs)
+    fresh.load_state_dict(saved)
+    assert fresh.state["x"] == 1
+
+
+def test_load_state_dict_takes_step_counters_as_numbers_or_float_tensors():
+    """Older torch.optim dicts hold ``step`` as a Python number, newer ones as a float32
+    tensor; both load, to the same state. A fractional count is refused."""
+    opt = stepped(dash_fn.DASH, list(parameters().values()), lr=0.01, **CONFIG)
+    for form in (int, lambda t: t.float()):
+        saved = opt.state_dict()
+        counters = lambda v: {"step": form(v["step"]), "skipped": form(v["skipped"])}
+        saved["state"] = {k: {**v, **counters(v)} for k, v in saved["state"].items()}
+        fresh = dash_fn.DASH(list(parameters().values()), lr=0.01, **CONFIG)
+        fresh.load_state_dict(saved)
+        assert_equal_states(state_of(fresh), state_of(opt))
+    saved["state"][0] = {**saved["state"][0], "step": 1.5}
+    with pytest.raises(ValueError, match="'step' must be a whole number, got 1.5"):
+        fresh.load_state_dict(saved)
+
+
+def test_one_element_tensor_lr_is_accepted_and_others_refused_as_torch_optim_does():
+    runs = []
+    for lr in (torch.tensor([0.01]), torch.tensor(0.01)):
+        params = list(parameters().values())
+        opt = stepped(dash_fn.DASH, params, lr=lr, **CONFIG)
+        runs.append([p.detach().clone() for p in params])
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+    torch.optim.Adam(list(parameters().values()), lr=torch.tensor([0.01]))  # the form torch.optim takes
+    for opt_cls in (torch.optim.Adam, dash_fn.DASH):  # the lr is checked before the params
+        with pytest.raises(ValueError, match="Tensor lr must be 1-element"):
+            opt_cls(None, lr=torch.tensor([1e-3, 1e-3]))
+
+
+def test_a_parameter_listed_twice_has_one_index_and_is_stepped_once():
+    """torch.optim warns and numbers each distinct tensor once; DASH's state dict round-trips
+    and the update is that of the parameter listed once."""
+    def listed(opt_cls, twice):
+        a, b = (torch.nn.Parameter(v) for v in mixed_params(shapes={"a": (20, 12), "b": (12,)}).values())
+        params = [a, b, a] if twice else [a, b]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            opt = opt_cls(params, lr=0.01, **(CONFIG if opt_cls is dash_fn.DASH else {}))
+        assert any("duplicate parameters" in str(w.message) for w in caught) == twice
+        a.grad, b.grad = torch.ones_like(a), torch.full_like(b, 0.5)
+        opt.step()
+        return opt, (a.detach(), b.detach())
+
+    adam, _ = listed(torch.optim.Adam, True)
+    dash, values_twice = listed(dash_fn.DASH, True)
+    saved = dash.state_dict()
+    assert saved["param_groups"][0]["params"] == adam.state_dict()["param_groups"][0]["params"] == [2, 1, 2]
+    assert sorted(saved["state"]) == sorted(adam.state_dict()["state"]) == [1, 2]
+    _, values_once = listed(dash_fn.DASH, False)
+    assert all(torch.equal(x, y) for x, y in zip(values_twice, values_once))
+    fresh, _ = listed(dash_fn.DASH, True)
+    fresh.load_state_dict(saved)
+    assert_equal_states(state_of(fresh), state_of(dash))
+
+
+def test_compiled_groups_of_different_shapes_have_graphs_of_their_own():
+    """Per-layer learning rates: more groups of different shapes than Dynamo's recompile limit
+    (lowered to 1 here, 8 by default) all compile under fullgraph, and match eager."""
+    shapes = [{"w": (8 + i, 6), "b": (6 + i,)} for i in range(3)]
+    runs = []
+    for compile in (False, {"backend": "aot_eager"}):
+        groups = [
+            {"params": [torch.nn.Parameter(v) for v in mixed_params(shapes=s).values()], "lr": 0.01 * (i + 1)}
+            for i, s in enumerate(shapes)
+        ]
+        opt = dash_fn.DASH(groups, compile=compile, block_size=16, solver="eigh", inv_root_freq=2)
+        with torch._dynamo.config.patch(recompile_limit=1):
+            for t in range(1, 3):
+                for group in groups:
+                    for p, g in zip(group["params"], random_grads(dict(enumerate(group["params"])), t).values()):
+                        p.grad = g
+                opt.step()
+        runs.append([p.detach().clone() for group in groups for p in group["params"]])
+    for compiled, eager in zip(*runs[::-1]):
+        torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+
+
+def test_more_compiled_groups_than_the_default_recompile_limit():
+    """10 groups of different shapes (one lr per layer) at Dynamo's default limit of 8."""
+    groups = [{"params": [torch.nn.Parameter(torch.randn(4 + i, 3))], "lr": 0.01} for i in range(10)]
+    opt = dash_fn.DASH(groups, compile={"backend": "aot_eager"}, block_size=16, solver="eigh")
+    before = [g["params"][0].detach().clone() for g in groups]
+    for group in groups:
+        group["params"][0].grad = torch.randn_like(group["params"][0])
+    opt.step()
+    assert all(not torch.equal(g["params"][0], b) for g, b in zip(groups, before))
+
+
+def test_eps_that_looks_ported_from_adamw_warns_and_names_the_adam_epsilons():
+    params = list(parameters().values())
+    with pytest.warns(UserWarning, match=r"eps=1e-08 sets Shampoo's damping.*eps_graft.*adamw_eps"):
+        dash_fn.DASH(params, eps=1e-8)
+    with pytest.warns(UserWarning, match=r"param group: eps=1e-06"):
+        dash_fn.DASH([{"params": params, "eps": 1e-6}])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dash_fn.DASH(params)
+        dash_fn.DASH(params, eps=1e-10)  # a damping of the usual size
+        dash_fn.DASH(params, eps=1e-6, eps_graft=1e-8)  # the damping, meant as such
+        dash_fn.DASH([{"params": params, "eps": 1e-6, "adamw_eps": 1e-8}])
+
+
+def test_batched_weight_warning_suggests_a_form_the_adapter_takes():
+    w = torch.nn.Parameter(torch.randn(4, 8, 16))
+    w.grad = torch.randn_like(w)
+    with pytest.warns(UserWarning, match="viewed as one") as caught:
+        dash_fn.DASH([w], lr=0.01, block_size=8).step()
+    message = str(caught[0].message)
+    suggested = re.search(r'\{"params": \[\.\.\.\], "batch_dims": (\d+)\}', message)
+    assert suggested, message
+    opt = dash_fn.DASH([{"params": [w], "batch_dims": int(suggested[1])}], lr=0.01, block_size=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opt.step()
+    assert state_of(opt)["plan"].params[0].batch_dims == 1
+
+
+def test_diagonal_helper_equals_torch_diagonal():
+    from dash_fn.roots.identity import diagonal
+
+    X = torch.randn(5, 7, 7)
+    assert torch.equal(diagonal(X), X.diagonal(dim1=-2, dim2=-1))
+    assert torch.equal(diagonal(X.mT), X.mT.diagonal(dim1=-2, dim2=-1))  # a non-contiguous stack
+
+
+@pytest.mark.inductor
+def test_inductor_compiled_step_prints_no_torch_deprecation_warning():
+    """Inductor's lowering of ``aten.diagonal`` calls ``torch._prims_common.check``, deprecated
+    (a FutureWarning that compiled AdamW does not print): the step reads no diagonal that way."""
+    params = [torch.nn.Parameter(torch.randn(6, 5)), torch.nn.Parameter(torch.randn(5))]
+    opt = dash_fn.DASH(params, lr=0.01, compile=True, block_size=8, solver="eigh", inv_root_freq=2)
+    # compiled afresh: a graph from Inductor's caches is not lowered again, and would not warn
+    no_fx_cache = torch._inductor.config.patch(fx_graph_cache=False)
+    no_aot_cache = torch._functorch.config.patch(enable_autograd_cache=False)
+    with no_fx_cache, no_aot_cache, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for t in range(1, 3):  # a refresh step, then a plain one: both graphs
+            for p, g in zip(params, random_grads(dict(enumerate(params)), t).values()):
+                p.grad = g
+            opt.step()
+    future = [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]  # what users see by default
+    assert not future, future
+
+
+def test_per_parameter_state_is_as_the_readme_says():
+    """The group's whole state under its first parameter, the others' entries empty, and each
+    parameter's share in ``state_dict()["state"][i]`` as views of the live tensors."""
+    params = list(parameters().values())
+    opt = stepped(dash_fn.DASH, params, lr=0.01, **CONFIG)
+    assert set(opt.state[params[0]]) == {"dash", "step"}
+    assert all(not opt.state[p] for p in params[1:])
+    share = opt.state_dict()["state"][1]  # "rect" (40, 21): blocks of 16
+    block = share["rows_0_16_cols_0_16"]["A"]
+    block.add_(1.0)  # a view: the live state moves with it
+    assert torch.equal(opt.state_dict()["state"][1]["rows_0_16_cols_0_16"]["A"], block)
+
+
+def test_thin_weight_state_is_the_readme_closed_form():
+    """README, Defaults: a (m, n) weight with n < b holds 2 + 2b/n + 2n/b floats per entry."""
+    b, n = 32, 8
+    state = dash_fn.init({"w": torch.zeros(4 * b, n)}, dash_fn.DashConfig(block_size=b))
+    floats = sum(x.numel() for x in tensors(state).values() if x.is_floating_point())  # not the fallback counts
+    assert floats / (4 * b * n) == 2 + 2 * b / n + 2 * n / b

@@ -118,3 +118,9 @@ def test_every_script_help_shows_each_default_once():
             if entry.count("(default:") != 1 or len(re.findall(r"\bdefault\b", entry, re.IGNORECASE)) != 1:
                 problems.append(f"{name}: {entry}")
     assert not problems, "each option must show its default exactly once:\n" + "\n".join(problems)
+
+
+def test_readme_snippets_use_the_block_size_its_defaults_section_advises():
+    """The Defaults section advises against blocks of 1024 for thin weights: no snippet that
+    users copy passes ``block_size=1024`` (``DashConfig.paper()`` is the named way to get it)."""
+    assert not [b["line"] for b in BLOCKS if "block_size=1024" in b["code"]]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .identity import shifted
+from .identity import diagonal, shifted
 from .matmul import aligned_width
 from .scaling import root
 
@@ -65,7 +65,7 @@ def pad_aligned(X: torch.Tensor) -> torch.Tensor:
     padded = aligned_width(b, X.dtype)
     if padded == b:
         return X
-    c = X.diagonal(dim1=-2, dim2=-1).abs().amax(dim=-1, keepdim=True)
+    c = diagonal(X).abs().amax(dim=-1, keepdim=True)
     P = torch.diag_embed(c.expand(K, padded))
     P[:, :b, :b] = X
     return P

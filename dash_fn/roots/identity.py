@@ -1,4 +1,4 @@
-"""The identity matrix of the solvers, in the form torch.compile handles well, and shifts by it."""
+"""The identity matrix of the solvers, in the form torch.compile handles well, shifts by it, and diagonals."""
 
 from __future__ import annotations
 
@@ -19,3 +19,10 @@ def identity_matrix(n: int, dtype: torch.dtype, device: torch.device) -> torch.T
 def shifted(X: torch.Tensor, eps: float) -> torch.Tensor:
     """``X + eps I`` for each block of a (K, b, b) stack."""
     return X + eps * identity_matrix(X.shape[-1], X.dtype, X.device)
+
+
+def diagonal(X: torch.Tensor) -> torch.Tensor:
+    """The diagonals of a stack of square matrices, ``X.diagonal(dim1=-2, dim2=-1)``, read as
+    every (b+1)-th entry of each flattened matrix: the same values, without ``aten.diagonal``,
+    whose Inductor lowering calls a deprecated torch helper that prints a FutureWarning."""
+    return X.flatten(-2)[..., :: X.shape[-1] + 1]

@@ -1,0 +1,47 @@
+# Set-up and checks in two commands: `make main` (the main job) and `make test` (every check CI
+# runs). Both create .venv on first use (or reuse it) with the tested CPU torch and the
+# project's extras. TORCH_PIP_ARGS passes extra pip arguments for torch alone, e.g. an
+# --index-url of CPU wheels where pip's default index serves CUDA builds.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH := torch==2.13.0
+TORCH_PIP_ARGS ?=
+EXTRAS := .[test,examples,integrations]
+SOURCES := dash_fn tests benchmarks examples
+INSTALLED := $(VENV)/.installed
+
+.PHONY: main test lint ruff format-check typecheck pytest accelerator venv
+
+venv: $(INSTALLED)
+
+# rebuilt when the pins change (pyproject.toml or this file)
+$(INSTALLED): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q $(TORCH_PIP_ARGS) $(TORCH)
+	$(BIN)/python -m pip install -q -e "$(EXTRAS)"
+	$(BIN)/python -c "import torch, tensordict, dash_fn; print('torch', torch.__version__, '| tensordict', tensordict.__version__, '| dash_fn', dash_fn.__version__)"
+	touch $(INSTALLED)
+
+main: venv
+	$(BIN)/python examples/train_lm.py
+
+test: lint pytest accelerator
+
+lint: ruff format-check typecheck
+
+ruff: venv
+	$(BIN)/ruff check $(SOURCES)
+
+format-check: venv
+	$(BIN)/ruff format --check $(SOURCES)
+
+typecheck: venv
+	$(BIN)/mypy
+
+pytest: venv
+	$(BIN)/python -m pytest -q
+
+# the tests of what an accelerator executes, with the accelerator strategy simulated on the CPU
+accelerator: venv
+	DASH_FN_SIMULATE_ACCELERATOR=1 $(BIN)/python -m pytest -q -m "accelerator and not inductor"

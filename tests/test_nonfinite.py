@@ -144,7 +144,7 @@ def adapter_run(values, faulty_call, compile=False, steps=5):
     return params, opt
 
 
-ADAPTER_CONFIG = {"block_size": 24, "solver": "eigh", "inv_root_freq": 2, "eps": 1e-6}
+ADAPTER_CONFIG = {"block_size": 24, "solver": "eigh", "inv_root_freq": 2, "eps": 1e-6, "eps_graft": 1e-8}  # eps_graft: eps is the damping
 
 
 def test_adapter_schedule_counts_every_call_skipped_or_not():

@@ -58,7 +58,9 @@ def adapter(d: int, block: int, layers: int, compile: bool | dict):
     torch.manual_seed(0)
     params = [p for _ in range(layers) for p in torch.nn.Linear(d, d).parameters()]
     grads = [torch.randn_like(p) * 1e-2 for p in params]
-    opt = dash_fn.DASH(params, lr=1e-3, compile=compile, block_size=block, solver="eigh", start_prec_step=1, inv_root_freq=10**9)
+    opt = dash_fn.DASH(
+        params, lr=1e-3, compile=compile, block_size=block, solver="eigh", start_prec_step=1, inv_root_freq=10**9
+    )
 
     def run():
         for p, g in zip(params, grads):
@@ -88,16 +90,33 @@ def page_faults() -> int:
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--d-model", type=int, default=1024, help="the model is LAYERS x Linear(d_model, d_model) with bias")
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument(
+        "--d-model", type=int, default=1024, help="the model is LAYERS x Linear(d_model, d_model) with bias"
+    )
     parser.add_argument("--layers", type=int, default=3, help="number of Linear layers")
     parser.add_argument("--block-size", type=int, default=256, help="DASH block size")
     parser.add_argument("--reps", type=int, default=7, help="round-robin repetitions (medians reported)")
-    parser.add_argument("--window", type=int, default=10, help="consecutive calls per repetition, as in training (their median is the repetition's time)")
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=10,
+        help="consecutive calls per repetition, as in training (their median is the repetition's time)",
+    )
     parser.add_argument("--backend", default="inductor", help="torch.compile backend of the compiled step")
-    parser.add_argument("--profile", action="store_true", help="print the eager and compiled steps' top operators and Inductor kernels (torch.profiler)")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="print the eager and compiled steps' top operators and Inductor kernels (torch.profiler)",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny sizes (d_model 64, block 32, 3 reps): a smoke run")
-    parser.add_argument("--retain-freed-memory", action="store_true", help="call dash_fn.retain_freed_cpu_memory() first (glibc keeps freed memory: no page faults)")
+    parser.add_argument(
+        "--retain-freed-memory",
+        action="store_true",
+        help="call dash_fn.retain_freed_cpu_memory() first (glibc keeps freed memory: no page faults)",
+    )
     args = parser.parse_args(argv)
     if args.retain_freed_memory and not dash_fn.retain_freed_cpu_memory():
         raise SystemExit("--retain-freed-memory: the C library is not glibc")
@@ -131,7 +150,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     print("| what | ms | x products | page faults per call |")
     print("|---|---|---|---|")
     for name, value in ms.items():
-        print(f"| {name} | {value:.2f} | {value / ms['batched products']:.2f} | {statistics.median(faults[name]):.0f} |")
+        print(
+            f"| {name} | {value:.2f} | {value / ms['batched products']:.2f} | {statistics.median(faults[name]):.0f} |"
+        )
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 

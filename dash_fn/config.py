@@ -193,7 +193,17 @@ class DashConfig:
         """The DASH paper's recommended setting: blocks of 1024, NDB with power-iteration
         scaling, roots refreshed every step, eps 0, vectors under one-sided Shampoo (then
         ``changes``)."""
-        return cls(**{"block_size": 1024, "solver": "ndb", "scaling": "pim", "inv_root_freq": 1, "eps": 0.0, "one_dim": "shampoo", **changes})
+        return cls(
+            **{
+                "block_size": 1024,
+                "solver": "ndb",
+                "scaling": "pim",
+                "inv_root_freq": 1,
+                "eps": 0.0,
+                "one_dim": "shampoo",
+                **changes,
+            }
+        )
 
 
 def _is_int(value) -> bool:

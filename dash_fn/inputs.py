@@ -52,7 +52,9 @@ def check_params(names: list[str], tensors: list[torch.Tensor]) -> None:
         if not x.is_floating_point():
             raise TypeError(f"init: params[{name!r}] has dtype {x.dtype}; DASH optimizes floating-point tensors only")
         if x.device != device:
-            raise ValueError(f"init: params[{name!r}] is on {x.device} but params[{names[0]!r}] is on {device}; all must share one device")
+            raise ValueError(
+                f"init: params[{name!r}] is on {x.device} but params[{names[0]!r}] is on {device}; all must share one device"
+            )
 
 
 def _check_names(plan: Plan, names: list[str], what: str) -> None:
@@ -98,10 +100,14 @@ def check_step_inputs(local: Plan, state, params: list[torch.Tensor], grads: lis
     for k, stack in enumerate(local.factors):
         shape = tuple(state["factors", str(k), "F"].shape)
         if shape != (stack.count, stack.size, stack.size):
-            raise ValueError(f"step: state factor stack {k} has shape {shape}, the plan expects {(stack.count, stack.size, stack.size)}")
+            raise ValueError(
+                f"step: state factor stack {k} has shape {shape}, the plan expects {(stack.count, stack.size, stack.size)}"
+            )
     if isinstance(lr, torch.Tensor):
         if lr.ndim != 0 or not lr.is_floating_point():
-            raise ValueError(f"step: lr must be a float or a 0-d floating tensor, got a tensor of shape {tuple(lr.shape)} and dtype {lr.dtype}")
+            raise ValueError(
+                f"step: lr must be a float or a 0-d floating tensor, got a tensor of shape {tuple(lr.shape)} and dtype {lr.dtype}"
+            )
     elif not isinstance(lr, Real) or isinstance(lr, bool):
         raise ValueError(f"step: lr must be a finite number >= 0 or a 0-d tensor, got {lr!r}")
     elif not torch.compiler.is_compiling() and not (math.isfinite(lr) and lr >= 0):

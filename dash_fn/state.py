@@ -17,7 +17,9 @@ from .plan import Plan, make_plan
 from .roots import resolve_solver, start_vectors, uses_start_vectors
 
 
-def init(params, config: DashConfig = DashConfig(), process_group=None, batch_dims: Mapping[str, int] | None = None) -> TensorDict:
+def init(
+    params, config: DashConfig = DashConfig(), process_group=None, batch_dims: Mapping[str, int] | None = None
+) -> TensorDict:
     """Create the DASH state for ``params`` (a Mapping[str, Tensor] or a TensorDict).
 
     ``batch_dims={name: k}`` declares that the leading k dims of a parameter index independent
@@ -79,7 +81,9 @@ def init(params, config: DashConfig = DashConfig(), process_group=None, batch_di
             )
     device = tensors[0].to_local().device
     _warn_about_precision(config, device)
-    return make_state(specs, config, device, rank, world_size, mesh.get_group(dim).group_name, sharding="fsdp", batch_dims=batch_dims)
+    return make_state(
+        specs, config, device, rank, world_size, mesh.get_group(dim).group_name, sharding="fsdp", batch_dims=batch_dims
+    )
 
 
 def make_state(
@@ -100,7 +104,9 @@ def make_state(
     else:
         shard = make_shard(plan, rank, world_size, group_name)
     state = TensorDict(_layout(shard.local, config, device), batch_size=[], device=device)
-    return mark_static(state.set_non_tensor("config", config).set_non_tensor("plan", plan).set_non_tensor("shard", shard))
+    return mark_static(
+        state.set_non_tensor("config", config).set_non_tensor("plan", plan).set_non_tensor("shard", shard)
+    )
 
 
 def mark_static(state: TensorDict) -> TensorDict:
@@ -125,9 +131,13 @@ def check_batch_dims(batch_dims: Mapping[str, int] | None, specs) -> dict[str, i
     shapes = {name: shape for name, shape, _ in specs}
     for name, k in batch_dims.items():
         if name not in shapes:
-            raise ValueError(f"init: batch_dims names {name!r}, which is not a parameter (parameters: {sorted(shapes)[:8]}...)")
+            raise ValueError(
+                f"init: batch_dims names {name!r}, which is not a parameter (parameters: {sorted(shapes)[:8]}...)"
+            )
         if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k < max(len(shapes[name]), 1):
-            raise ValueError(f"init: batch_dims[{name!r}] must be an integer in [0, {max(len(shapes[name]) - 1, 0)}] for shape {shapes[name]}, got {k!r}")
+            raise ValueError(
+                f"init: batch_dims[{name!r}] must be an integer in [0, {max(len(shapes[name]) - 1, 0)}] for shape {shapes[name]}, got {k!r}"
+            )
     for name, shape, _ in specs:
         squeezed = [d for d in shape if d != 1]
         if name not in batch_dims and len(squeezed) > 2 and not all(d <= 11 for d in squeezed[2:]):
@@ -201,7 +211,10 @@ def _warn_about_precision(config: DashConfig, device: torch.device) -> None:
     if solver == "eigh" or config.matmul_dtype == "float32":
         return
     if solver == "ndb":
-        warnings.warn(f"NDB with matmul_dtype={config.matmul_dtype} is reported unstable (the DASH paper ran NDB in float32 only)", stacklevel=3)
+        warnings.warn(
+            f"NDB with matmul_dtype={config.matmul_dtype} is reported unstable (the DASH paper ran NDB in float32 only)",
+            stacklevel=3,
+        )
     if device.type not in ("cuda", "xpu"):
         warnings.warn(
             f"matmul_dtype={config.matmul_dtype} on {device.type}: torch has no {config.matmul_dtype} product with "

@@ -21,8 +21,17 @@ def saved_value(path, kind) -> int:
     """The value k that every tensor of the checkpoint holds (asserting they all agree)."""
     if kind == "state":
         state = dash_fn.load_state(path)  # checks the CRC of every byte
-        values = {float(x.reshape(-1)[0]) for x in state.exclude("config", "plan", "shard").items(include_nested=True, leaves_only=True) for x in [x[1]] if x.numel()}
-        whole = all(bool((x == x.reshape(-1)[0]).all()) for _, x in state.exclude("config", "plan", "shard").items(include_nested=True, leaves_only=True) if x.numel())
+        values = {
+            float(x.reshape(-1)[0])
+            for x in state.exclude("config", "plan", "shard").items(include_nested=True, leaves_only=True)
+            for x in [x[1]]
+            if x.numel()
+        }
+        whole = all(
+            bool((x == x.reshape(-1)[0]).all())
+            for _, x in state.exclude("config", "plan", "shard").items(include_nested=True, leaves_only=True)
+            if x.numel()
+        )
     else:
         blob = torch.load(path, weights_only=True)
         tensors = [x for entry in blob["opt"]["state"].values() for x in _leaves(entry)]

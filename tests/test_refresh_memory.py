@@ -49,7 +49,10 @@ def test_peak_temporaries_of_a_refresh_are_two_stacks(chunked, solver, count, si
         refresh_roots(*args)
     stack = F.numel() * F.element_size()
     identities = 4 * stack // count  # the few b x b identities a solver call makes, whatever the chunk
-    assert memory.peak <= 2 * stack + identities, (memory.peak / stack, roots.chunk_blocks(count, stack // count, solver))
+    assert memory.peak <= 2 * stack + identities, (
+        memory.peak / stack,
+        roots.chunk_blocks(count, stack // count, solver),
+    )
 
 
 @pytest.mark.parametrize("solver", SOLVERS)
@@ -97,7 +100,13 @@ def test_a_chunked_refresh_compiles_inside_the_step(chunked):
     for step in (dash_fn.step, torch.compile(dash_fn.step, fullgraph=True, backend="aot_eager")):
         p, state = params, dash_fn.init(params, config)
         for t in range(1, 4):
-            p, state = step(p, random_grads(p, t), state, lr=torch.tensor(1e-2, dtype=torch.float64), refresh=dash_fn.is_refresh_step(config, t))
+            p, state = step(
+                p,
+                random_grads(p, t),
+                state,
+                lr=torch.tensor(1e-2, dtype=torch.float64),
+                refresh=dash_fn.is_refresh_step(config, t),
+            )
         runs.append(p)
     for name in params:
         torch.testing.assert_close(runs[1][name], runs[0][name], rtol=1e-9, atol=1e-9)

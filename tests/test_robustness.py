@@ -10,7 +10,11 @@ from conftest import mixed_params
 
 
 def finite_state(state):
-    return all(torch.isfinite(v).all() for v in state.values(include_nested=True, leaves_only=True) if isinstance(v, torch.Tensor) and v.is_floating_point())
+    return all(
+        torch.isfinite(v).all()
+        for v in state.values(include_nested=True, leaves_only=True)
+        if isinstance(v, torch.Tensor) and v.is_floating_point()
+    )
 
 
 @pytest.mark.parametrize("heuristic", ["shampoo", "abs", "abs_add", "relu"])

@@ -80,7 +80,9 @@ class Shard:
             return stacks
         return [x[slice(*self.bounds(g))] for g, x in enumerate(stacks)]
 
-    def parameter_updates(self, plan: Plan, directions: Sequence[torch.Tensor], comm_dtype) -> list[torch.Tensor | None]:
+    def parameter_updates(
+        self, plan: Plan, directions: Sequence[torch.Tensor], comm_dtype
+    ) -> list[torch.Tensor | None]:
         """Every block parameter's full direction (all-gathered); None for the others."""
         full = gather_directions(self, directions, comm_dtype)
         return [scatter_param(p, full).reshape(p.shape) if p.regions else None for p in plan.params]
@@ -112,7 +114,9 @@ def all_ranks(flag: torch.Tensor, world_size: int, group_name: str | None) -> to
     return votes[0] > 0
 
 
-def gather_directions(shard: Shard, directions: Sequence[torch.Tensor], comm_dtype: torch.dtype | None) -> list[torch.Tensor]:
+def gather_directions(
+    shard: Shard, directions: Sequence[torch.Tensor], comm_dtype: torch.dtype | None
+) -> list[torch.Tensor]:
     """Every group's full stack of directions from every rank's owned slices: one all-gather.
 
     Each rank's slices are padded to the largest count of their group and packed into one flat
@@ -132,7 +136,11 @@ def gather_directions(shard: Shard, directions: Sequence[torch.Tensor], comm_dty
     buffer = torch.cat(packed) if len(packed) > 1 else packed[0]
     if comm_dtype is not None:
         buffer = buffer.to(comm_dtype)
-    gathered = collectives.wait_tensor(collectives.all_gather_single(buffer, 0, shard.group_name)).view(shard.world_size, -1).to(dtype)
+    gathered = (
+        collectives.wait_tensor(collectives.all_gather_single(buffer, 0, shard.group_name))
+        .view(shard.world_size, -1)
+        .to(dtype)
+    )
     full, start = [], 0
     for P, width, n in zip(directions, widths, shard.counts):
         size = width * P.shape[1] * P.shape[2]

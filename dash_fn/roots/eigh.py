@@ -30,7 +30,9 @@ def eigh_inverse_root(X: torch.Tensor, p: int, *, eps: float, heuristic: str) ->
     return out[..., :b, :b].contiguous()
 
 
-def spectral_root(mu: torch.Tensor, Q: torch.Tensor, p: int, eps: float, heuristic: str, out: torch.Tensor | None = None) -> torch.Tensor:
+def spectral_root(
+    mu: torch.Tensor, Q: torch.Tensor, p: int, eps: float, heuristic: str, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """``Q diag(d^{-1/p}) Q^T`` from eigenpairs ``mu, Q`` of ``X + eps I``, d by the heuristic
     (written into ``out`` when given)."""
     lam = mu - eps

@@ -29,8 +29,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import dash_fn  # noqa: E402
 from dash_fn.distributed import rank_loads  # noqa: E402
-from step_bench import layer_shapes  # noqa: E402
 from state_memory import state_bytes  # noqa: E402
+from step_bench import layer_shapes  # noqa: E402
 
 
 def worker(rank: int, world_size: int, args, init_file: str, out: str) -> None:

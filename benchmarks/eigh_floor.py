@@ -33,8 +33,8 @@ import time
 import torch
 
 import dash_fn
-from dash_fn.roots import refresh_roots
 from dash_fn.cpu import eigh_root
+from dash_fn.roots import refresh_roots
 
 sys.path.insert(0, os.path.dirname(__file__))
 from machine import machine_line  # noqa: E402

@@ -85,8 +85,8 @@ import subprocess
 import sys
 import time
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

@@ -21,7 +21,7 @@ import argparse
 import statistics
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

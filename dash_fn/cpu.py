@@ -18,8 +18,8 @@ reads device values on the host (free on the CPU, a sync elsewhere) or uses a CP
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Sequence
 
 import torch
 

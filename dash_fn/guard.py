@@ -25,7 +25,7 @@ host (calls, skipped or not) loses no refresh to a skip and needs no read of ``o
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -36,10 +36,9 @@ from .distributed.dcp import load_param_entries, param_entries
 from .plan import ADAMW
 from .roots import resolve_solver
 from .state import init, mark_static
-from .strategy import for_device
 from .step import is_refresh_step
 from .step import step as functional_step
-
+from .strategy import for_device
 
 # what a param group may hold: torch.optim's keys, the lr, the DashConfig fields, batch dims
 GROUP_KEYS = ("params", "param_names", "lr", "batch_dims", *CONFIG_FIELDS)

@@ -17,8 +17,8 @@ torch.compile. ``gather`` and ``scatter`` are exact inverses (only views, slices
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import torch
 

@@ -7,7 +7,6 @@ and blocks, one small dict of state per block, everything in float64. Only the D
 
 from __future__ import annotations
 
-
 import torch
 
 f64 = torch.float64

@@ -15,7 +15,7 @@ import torch
 
 import dash_fn
 from conftest import mixed_params
-from dash_fn.distributed import make_shard, ownership, owned_ranges, rank_loads
+from dash_fn.distributed import make_shard, owned_ranges, ownership, rank_loads
 from dash_fn.plan import make_plan
 
 WORKER = os.path.join(os.path.dirname(__file__), "distributed_worker.py")

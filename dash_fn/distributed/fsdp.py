@@ -24,8 +24,8 @@ AdamW vectors are elementwise: each rank updates its own rows, whatever the mode
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 

@@ -18,8 +18,8 @@ start vectors are the same on every rank, and float32 directions travel exactly 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 

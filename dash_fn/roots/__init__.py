@@ -11,7 +11,7 @@ strategies run it as an op of their own (:mod:`dash_fn.cpu`).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -25,7 +25,7 @@ block's result does not depend on its stack companions); a block whose residual 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -28,7 +28,7 @@ NaN, the failure flag.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -161,7 +161,7 @@ def planner_table(block_size: int, world_sizes: list[int]) -> None:
         rows = tuple(shard_rows(p.shape, world) for p in plan.params)
         every = 2 * (world - 1) / world * model_bytes
 
-        def state(sizes):
+        def state(sizes, world=world):
             return f"{max(sizes):,} ({max(sizes) / (one / world):.2f})"
 
         owned, loads = plan_bands(plan, rows, world)

@@ -83,9 +83,8 @@ def sync_checks(device: torch.device, width: int, block: int, cuda_graphs: dict)
     ):
         model, data = model_and_data(device, width)
         opt = dash_fn.DASH(model.parameters(), lr=1e-2, block_size=block, compile=compile, **CHECK_CONFIG)
-        rows.append(
-            (name, run_checked(device, [lambda x=x: adapter_step(model, opt, x) for x in data], compiled=bool(compile)))
-        )
+        steps = [lambda x=x, model=model, opt=opt: adapter_step(model, opt, x) for x in data]
+        rows.append((name, run_checked(device, steps, compiled=bool(compile))))
     model, data = model_and_data(device, width)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     config = dash_fn.DashConfig(block_size=block, **CHECK_CONFIG)

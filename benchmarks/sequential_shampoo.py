@@ -27,7 +27,7 @@ class SequentialShampoo:
             for r0 in range(0, R, B):
                 for c0 in range(0, C, B):
                     r, c = min(B, R - r0), min(B, C - c0)
-                    zeros = lambda *s: torch.zeros(s, device=W.device)
+                    zeros = lambda *s, device=W.device: torch.zeros(s, device=device)
                     entries.append(
                         {
                             "where": (r0, r0 + r, c0, c0 + c),

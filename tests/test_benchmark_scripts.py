@@ -62,7 +62,7 @@ def test_solver_flops_equal_the_products_the_solvers_run():
         state = dash_fn.init(params, config)
         counter = CountFlops()
         with counter:
-            for k, stack in enumerate(state["plan"].factors):
+            for stack in state["plan"].factors:
                 X = torch.eye(stack.size).expand(stack.count, -1, -1).contiguous()
                 SOLVERS[solver](X, stack.order, config, None)
         assert counter.flops == step_bench.solver_flops(state["plan"], config), solver

@@ -1,5 +1,6 @@
 """DashConfig validation: each bad value raises ValueError naming the field and the range."""
 
+import dataclasses
 import math
 
 import pytest
@@ -124,7 +125,7 @@ def test_never_precondition_and_replace():
 
 def test_frozen_and_hashable():
     c = dash_fn.DashConfig()
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         c.block_size = 3
     assert hash(c) == hash(dash_fn.DashConfig())
 

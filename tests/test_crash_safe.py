@@ -53,7 +53,7 @@ def _leaves(tree):
 def test_sigkill_mid_save_leaves_the_previous_checkpoint(tmp_path, kind):
     rng = random.Random(0)
     path = tmp_path / "ckpt.pt"
-    for trial in range(5):  # 5 per kind: 10 kills in all (each a fresh process importing torch)
+    for _trial in range(5):  # 5 per kind: 10 kills in all (each a fresh process importing torch)
         writer = subprocess.Popen([sys.executable, WRITER, str(path), kind], stdout=subprocess.PIPE, text=True)
         first = writer.stdout.readline()  # at least one whole save before the kill
         assert first.strip(), "the writer saved nothing"

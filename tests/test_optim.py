@@ -392,7 +392,7 @@ def test_load_state_dict_takes_step_counters_as_numbers_or_float_tensors():
     opt = stepped(dash_fn.DASH, list(parameters().values()), lr=0.01, **CONFIG)
     for form in (int, lambda t: t.float()):
         saved = opt.state_dict()
-        counters = lambda v: {"step": form(v["step"]), "skipped": form(v["skipped"])}
+        counters = lambda v, form=form: {"step": form(v["step"]), "skipped": form(v["skipped"])}
         saved["state"] = {k: {**v, **counters(v)} for k, v in saved["state"].items()}
         fresh = dash_fn.DASH(list(parameters().values()), lr=0.01, **CONFIG)
         fresh.load_state_dict(saved)
@@ -406,7 +406,7 @@ def test_one_element_tensor_lr_is_accepted_and_others_refused_as_torch_optim_doe
     runs = []
     for lr in (torch.tensor([0.01]), torch.tensor(0.01)):
         params = list(parameters().values())
-        opt = stepped(dash_fn.DASH, params, lr=lr, **CONFIG)
+        stepped(dash_fn.DASH, params, lr=lr, **CONFIG)
         runs.append([p.detach().clone() for p in params])
     assert all(torch.equal(a, b) for a, b in zip(*runs))
     torch.optim.Adam(list(parameters().values()), lr=torch.tensor([0.01]))  # the form torch.optim takes

@@ -81,7 +81,7 @@ def test_finite_inputs_give_finite_outputs(problem, config, dtypes, scale):
     shapes, block_size, batch_dims = problem
     params = make_params(shapes, dtypes)
     state = dash_fn.init(params, dash_fn.DashConfig(block_size=block_size, **config), batch_dims=batch_dims)
-    for t in range(1, 4):
+    for _t in range(1, 4):
         grads = {k: (scale * torch.randn(v.shape, dtype=torch.float64)).to(v.dtype) for k, v in params.items()}
         new, state = dash_fn.step(params, grads, state, lr=0.01)
         for k, v in new.items():

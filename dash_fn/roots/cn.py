@@ -72,6 +72,7 @@ def coupled_newton(
     M = z * Xr
     active = torch.ones_like(s, dtype=torch.bool) if tol is not None else None
     diverged = torch.zeros_like(s, dtype=torch.bool)
+    Y = Xr  # a placeholder, never read: the first iteration sets Y_1 (steps >= 1)
     for k in range(1, steps + 1):
         C = ((p + 1) * identity - M) / p
         # Y_0 = z^{1/p} I, so Y_1 = Y_0 C needs no product (and every block is active)

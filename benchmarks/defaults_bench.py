@@ -167,9 +167,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f"Machine: {machine_line(device)}; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after timing."
     )
     print(
-        f"Model: Llama d_model {args.d_model}, {args.n_layers} layers, {args.n_heads} heads, context {args.context}, batch {args.batch}; "
-        f"{n_params:,} parameters. Eager opt.step() with fixed gradients, lr {LR:g}; {args.reps} windows of {window} steps "
-        f"(whole refresh periods) per configuration, interleaved, after {period * max(1, args.warmup_periods)} warm-up steps.\n"
+        f"Model: Llama d_model {args.d_model}, {args.n_layers} layers, {args.n_heads} heads, context {args.context}, "
+        f"batch {args.batch}; "
+        f"{n_params:,} parameters. Eager opt.step() with fixed gradients, lr {LR:g}; "
+        f"{args.reps} windows of {window} steps "
+        "(whole refresh periods) per configuration, interleaved, "
+        f"after {period * max(1, args.warmup_periods)} warm-up steps.\n"
     )
     print("| configuration | solver | block | inv_root_freq | ms / step (median) | min - max | x AdamW |")
     print("|---|---|---|---|---|---|---|")
@@ -189,7 +192,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         }
         rows.append(row)
         print(
-            f"| {row['label']} | {solver} | {block} | {freq} | {median:.2f} | {row['min']:.2f} - {row['max']:.2f} | {row['ratio']:.1f} |"
+            f"| {row['label']} | {solver} | {block} | {freq} | {median:.2f} | {row['min']:.2f} - {row['max']:.2f} | "
+            f"{row['ratio']:.1f} |"
         )
     return rows
 

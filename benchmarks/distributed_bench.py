@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     print(
-        f"d_model {args.d_model}, block {args.block_size}, solver {args.solver}, {args.threads} thread(s) per process, {os.cpu_count()} CPUs, torch {torch.__version__}\n"
+        f"d_model {args.d_model}, block {args.block_size}, solver {args.solver}, {args.threads} thread(s) per process, "
+        f"{os.cpu_count()} CPUs, torch {torch.__version__}\n"
     )
     print("| W | plain ms | refresh ms | root cost per rank | state bytes per rank | state B/param per rank |")
     print("|---|---|---|---|---|---|")

@@ -128,7 +128,8 @@ def main(argv=None) -> dict:
     print(machine_line())
     print(
         f"3 x Linear({args.d_model}, {args.d_model}), block {args.block_size}: {len(blocks)} eighs of "
-        f"{', '.join(f'{s.shape[0]} x {s.shape[-1]}' for s in stacks)}; {workers} workers for the floor; median of {args.reps}"
+        f"{', '.join(f'{s.shape[0]} x {s.shape[-1]}' for s in stacks)}; {workers} workers for the floor; "
+        f"median of {args.reps}"
     )
     print("| what | ms | / floor |")
     print("|---|---|---|")

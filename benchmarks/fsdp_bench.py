@@ -150,10 +150,12 @@ def planner_table(block_size: int, world_sizes: list[int]) -> None:
     one = planner_state_bytes(specs, block_size, 1, "exact")[0]
     print(
         f"Planner: the DASH paper's Llama 953M ({len(plan.params)} matrices, {numel:,} parameters, model size "
-        f"{model_bytes:,} bytes in float32; optimizer state {one:,} bytes in one process), block {block_size}, no processes\n"
+        f"{model_bytes:,} bytes in float32; optimizer state {one:,} bytes in one process), "
+        f"block {block_size}, no processes\n"
     )
     print(
-        "| W | scheme | bytes moved per step, total | largest rank sends | / all-to-all of every gradient | straddling bands "
+        "| W | scheme | bytes moved per step, total | largest rank sends | / all-to-all of every gradient "
+        "| straddling bands "
         "| root-cost load largest / mean | state bytes, largest rank (/ one process's / W) |"
     )
     print("|---|---|---|---|---|---|---|---|")
@@ -171,12 +173,14 @@ def planner_table(block_size: int, world_sizes: list[int]) -> None:
         bands = f"{straddling_bands(plan, rows)} of {len(band_plan(plan, rows))}"
         print(
             f"| {world} | dash_fn exact | {exact:,} | {max(sent) * BYTES:,} | {exact / every:.3f} | {bands} "
-            f"| {max(loads) / (sum(loads) / world):.3f} | {state(planner_state_bytes(specs, block_size, world, 'exact'))} |"
+            f"| {max(loads) / (sum(loads) / world):.3f} | "
+            f"{state(planner_state_bytes(specs, block_size, world, 'exact'))} |"
         )
         local = local_loads(specs, block_size, world)
         print(
             f"| {world} | dash_fn local | 0 | 0 | 0 | 0 | {max(local) / (sum(local) / world):.3f} "
-            f"(total {sum(local) / total_cost:.2f}x one process's) | {state(planner_state_bytes(specs, block_size, world, 'local'))} |"
+            f"(total {sum(local) / total_cost:.2f}x one process's) | "
+            f"{state(planner_state_bytes(specs, block_size, world, 'local'))} |"
         )
         owned, loads = param_owner_rows(plan, rows, world)
         sent = sent_per_rank(plan, rows, owned)
@@ -195,7 +199,8 @@ def planner_table(block_size: int, world_sizes: list[int]) -> None:
             f"| {max(loads) / (sum(loads) / world):.3f} | {state(owner_state)} |"
         )
         print(
-            f"| {world} | all-to-all of every gradient: 2 (W-1)/W x model bytes | {every:,.0f} | {every / world:,.0f} (mean) | 1.000 | - | - | - |"
+            f"| {world} | all-to-all of every gradient: 2 (W-1)/W x model bytes | {every:,.0f} "
+            f"| {every / world:,.0f} (mean) | 1.000 | - | - | - |"
         )
     print()
 
@@ -287,8 +292,10 @@ def worker(rank: int, world_size: int, args, d_model: int, init_file: str, out: 
 
 def measured_table(args) -> None:
     print(
-        f"Measured: Llama-like layer (4 x (d, d), (4d, d), (d, 4d)), block {args.block_size}, solver {args.solver}, eager step, "
-        f"gloo, {args.threads} thread(s) per process, {os.cpu_count()} CPUs, torch {torch.__version__}, medians of {args.reps}\n"
+        f"Measured: Llama-like layer (4 x (d, d), (4d, d), (d, 4d)), block {args.block_size}, "
+        f"solver {args.solver}, eager step, "
+        f"gloo, {args.threads} thread(s) per process, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"medians of {args.reps}\n"
     )
     print(
         "| d_model | W | mode | straddling bands | plain ms | refresh ms | root cost per rank | state bytes per rank "
@@ -316,7 +323,8 @@ def measured_table(args) -> None:
                 sizes = ", ".join(f"{r['bytes']:,}" for r in rs)
                 per_param = ", ".join(f"{r['bytes'] / r['params']:.2f}" for r in rs)
                 print(
-                    f"| {d_model} | {world_size} | {mode} | {rs[0]['straddling']} | {plain:.1f} | {refresh:.1f} | {costs} | {sizes} "
+                    f"| {d_model} | {world_size} | {mode} | {rs[0]['straddling']} | {plain:.1f} | {refresh:.1f} | "
+                    f"{costs} | {sizes} "
                     f"| {per_param} | {', '.join(f'{s:,}' for s in sent)} | {total:,} |",
                     flush=True,
                 )

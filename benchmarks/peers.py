@@ -343,7 +343,8 @@ PEERS = [
         "distributed_shampoo",
         build_distributed_shampoo,
         True,
-        "precondition_frequency=1 / 10: eigh inverse roots of every block; factors and roots kept as packed upper triangles (its default).",
+        "precondition_frequency=1 / 10: eigh inverse roots of every block; "
+        "factors and roots kept as packed upper triangles (its default).",
     ),
     Peer(
         "soap",
@@ -351,7 +352,8 @@ PEERS = [
         "heavyball",
         build_soap,
         True,
-        "precondition_frequency=1 / 10: the eigenbasis update (power step + QR per factor, not eigh); Adam runs in the basis every step.",
+        "precondition_frequency=1 / 10: the eigenbasis update (power step + QR per factor, not eigh); "
+        "Adam runs in the basis every step.",
     ),
     Peer(
         "psgd-kron",
@@ -359,7 +361,8 @@ PEERS = [
         "heavyball",
         build_psgd_kron,
         True,
-        "preconditioner_update_probability=1.0 / 0.1 (deterministic accumulation: every step / every 10th): the Q update, no root.",
+        "preconditioner_update_probability=1.0 / 0.1 (deterministic accumulation: every step / every 10th): "
+        "the Q update, no root.",
     ),
     Peer(
         "scalable-shampoo",
@@ -367,7 +370,8 @@ PEERS = [
         "pytorch_optimizer",
         build_scalable_shampoo,
         True,
-        "preconditioning_compute_steps=1 / 10: coupled Schur-Newton inverse roots of every block (its default; no eigh).",
+        "preconditioning_compute_steps=1 / 10: coupled Schur-Newton inverse roots of every block "
+        "(its default; no eigh).",
     ),
     Peer(
         "muon",
@@ -514,7 +518,8 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--retain-freed-memory",
         action="store_true",
-        help="call dash_fn.retain_freed_cpu_memory() first: the process (every row alike) reuses freed memory instead of faulting it in again",
+        help="call dash_fn.retain_freed_cpu_memory() first: the process (every row alike) reuses freed memory instead "
+        "of faulting it in again",
     )
     args = parser.parse_args(argv)
     if args.retain_freed_memory and not dash_fn.retain_freed_cpu_memory():
@@ -529,7 +534,8 @@ def main(argv=None) -> None:
     load_start = loadavg()
     print(f"machine: {machine_line(load_start)} (at start)")
     print(
-        f"model: 3 x Linear({args.d_model}, {args.d_model}) with bias, block {args.block_size}, preconditioning from step {args.start}, {args.reps} round-robin reps, medians"
+        f"model: 3 x Linear({args.d_model}, {args.d_model}) with bias, block {args.block_size}, "
+        f"preconditioning from step {args.start}, {args.reps} round-robin reps, medians"
     )
     print(
         f"allocator: {'dash_fn.retain_freed_cpu_memory() (freed memory kept for reuse)' if args.retain_freed_memory else 'glibc defaults (freed memory may go back to the OS)'}"
@@ -577,7 +583,8 @@ def main(argv=None) -> None:
     other = float(load_start.split()[0]) if load_start != "n/a" else 0.0  # the end includes this run's own threads
     if other > (os.cpu_count() or 1):
         print(
-            f"note: the 1-minute load average at start ({other:.2f}) exceeded the {os.cpu_count()} cores: these figures were measured under load"
+            f"note: the 1-minute load average at start ({other:.2f}) exceeded the {os.cpu_count()} cores: "
+            "these figures were measured under load"
         )
 
 

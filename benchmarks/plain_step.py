@@ -142,8 +142,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             faults[name].append((page_faults() - before) / args.window)
     ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
     print(
-        f"{args.layers} x Linear({args.d_model}, {args.d_model}) + bias, block {args.block_size} ({len(shapes)} blocks); "
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, load {load:.2f} at start; medians of {args.reps} round-robin "
+        f"{args.layers} x Linear({args.d_model}, {args.d_model}) + bias, "
+        f"block {args.block_size} ({len(shapes)} blocks); "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, load {load:.2f} at start; "
+        f"medians of {args.reps} round-robin "
         f"repetitions of {args.window} consecutive calls; "
         f"{'dash_fn.retain_freed_cpu_memory()' if args.retain_freed_memory else 'default glibc malloc settings'}\n"
     )

@@ -76,10 +76,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     roots.SMALL_WORKSPACE = int(args.floor_mib * 2**20)
 
     print(
-        f"Llama-like layer, d_model {args.d_model}, block {args.block_size}, chunking floor {args.floor_mib:g} MiB; torch {torch.__version__}, {torch.get_num_threads()} threads\n"
+        f"Llama-like layer, d_model {args.d_model}, block {args.block_size}, chunking floor {args.floor_mib:g} MiB; "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads\n"
     )
     print(
-        "| solver | stack (K x b x b) | stack MiB | chunk (blocks) | chunked peak MiB | stacks | whole-stack peak MiB | stacks | chunked s | whole s |"
+        "| solver | stack (K x b x b) | stack MiB | chunk (blocks) | chunked peak MiB | stacks | whole-stack peak MiB "
+        "| stacks | chunked s | whole s |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     rows = []
@@ -94,7 +96,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows.append(row)
         mib = 2**20
         print(
-            f"| {solver} | {F.shape[0]} x {F.shape[1]} x {F.shape[2]} | {stack / mib:.1f} | {chunk} | {chunked / mib:.1f} | {chunked / stack:.2f} "
+            f"| {solver} | {F.shape[0]} x {F.shape[1]} x {F.shape[2]} | {stack / mib:.1f} | {chunk} | "
+            f"{chunked / mib:.1f} | {chunked / stack:.2f} "
             f"| {whole / mib:.1f} | {whole / stack:.2f} | {chunked_s:.1f} | {whole_s:.1f} |",
             flush=True,
         )

@@ -112,7 +112,8 @@ def sensitivity(solver: str, eps: float, warmup: int, train_data, trials_seed: i
 def ulp_table(args) -> None:
     train_data, _ = stdlib_corpus(4_000_000)
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.warmup} steps before the measured refresh; one float32 ulp = 2^-23 = {2.0**-23:.1e} relative"
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; "
+        f"{args.warmup} steps before the measured refresh; one float32 ulp = 2^-23 = {2.0**-23:.1e} relative"
     )
     print("\n| solver | eps | refresh step: max (median) change | next step, roots kept: max (median) | control | s |")
     print("|---|---|---|---|---|---|")
@@ -122,7 +123,8 @@ def ulp_table(args) -> None:
             r = sensitivity(solver, eps, args.warmup, train_data)
             fmt = lambda xs: f"{max(xs)[0]:.1e} ({statistics.median(x for x, _ in xs):.1e}; max at {max(xs)[1]})"
             print(
-                f"| {solver} | {eps:g} | {fmt(r['refresh'])} | {fmt(r['kept'])} | {r['control']:g} | {time.perf_counter() - start:.0f} |",
+                f"| {solver} | {eps:g} | {fmt(r['refresh'])} | {fmt(r['kept'])} | {r['control']:g} | "
+                f"{time.perf_counter() - start:.0f} |",
                 flush=True,
             )
 
@@ -147,7 +149,8 @@ def determinism(args) -> None:
                 seen[k].add(hashlib.sha1(g.numpy().tobytes()).hexdigest())
         varying = {k: len(v) for k, v in seen.items() if len(v) > 1}
         print(
-            f"deterministic={det}: {args.repeats} calls on the same inputs; gradients with more than one bit pattern: {varying or 'none'}"
+            f"deterministic={det}: {args.repeats} calls on the same inputs; gradients with more than one bit pattern: "
+            f"{varying or 'none'}"
         )
     lr = torch.tensor(0.0)
     leaves = {k: v.clone() for k, v in params.items()}  # train_lm's AdamW: foreach, betas (0.9, 0.95)
@@ -182,13 +185,16 @@ def determinism(args) -> None:
                         times[optimizer, det].append(time.perf_counter() - start)
     torch.use_deterministic_algorithms(False)
     print(
-        f"\ntrain_lm's step (compiled gradient, then the compiled DASH step with roots every 10 steps or foreach AdamW), {args.blocks} blocks of 10 steps per mode and optimizer, interleaved:"
+        "\ntrain_lm's step (compiled gradient, then the compiled DASH step with roots every 10 steps or foreach "
+        f"AdamW), {args.blocks} blocks of 10 steps per mode and optimizer, interleaved:"
     )
     for optimizer in ("dash", "adamw"):
         for det in (False, True):
             ms = sorted(1e3 * x for x in times[optimizer, det])
             print(
-                f"  {optimizer:5s} deterministic={det!s:5s}: median {statistics.median(ms):.1f} ms, mean {statistics.mean(ms):.1f} ms, 10th-90th percentile {ms[len(ms) // 10]:.1f}-{ms[9 * len(ms) // 10]:.1f} ms ({len(ms)} steps)"
+                f"  {optimizer:5s} deterministic={det!s:5s}: median {statistics.median(ms):.1f} ms, "
+                f"mean {statistics.mean(ms):.1f} ms, 10th-90th percentile "
+                f"{ms[len(ms) // 10]:.1f}-{ms[9 * len(ms) // 10]:.1f} ms ({len(ms)} steps)"
             )
         ratio = statistics.median(times[optimizer, True]) / statistics.median(times[optimizer, False])
         print(f"  {optimizer:5s} median ratio deterministic / default: {ratio:.3f}")
@@ -204,7 +210,8 @@ def main(argv: list[str] | None = None) -> None:
         "--warmup",
         type=int,
         default=9,
-        help="train steps before the first measured step, the next root refresh (roots refresh at steps 1, 10, 20, ...)",
+        help="train steps before the first measured step, the next root refresh "
+        "(roots refresh at steps 1, 10, 20, ...)",
     )
     parser.add_argument(
         "--determinism",

@@ -385,7 +385,8 @@ def run_soak(args, argv) -> dict:
         failures.append(f"non-finite parameters (first at step {first_nonfinite})")
     if skipped != len(expected_skips) or not result["skips_at_fault_steps"]:
         failures.append(
-            f"skipped {skipped} != expected {len(expected_skips)} (unexpected at {result['unexpected_skip_steps']}, missed at {result['missed_skip_steps']})"
+            f"skipped {skipped} != expected {len(expected_skips)} (unexpected at {result['unexpected_skip_steps']}, "
+            f"missed at {result['missed_skip_steps']})"
         )
     if not bitwise_ok:
         failures.append(f"state changed on skipped steps {bad_steps}")
@@ -430,19 +431,24 @@ def report(args, r: dict, argv) -> str:
         "",
         f"Machine: {machine_line()}; load average {r['load_before']:.2f} before, {r['load_after']:.2f} after.",
         (
-            f"Model: byte-level Llama, d_model {args.d_model}, {args.layers} layer(s), context {args.context}, batch {args.batch}; "
-            f"DASH block {args.block_size}, inv_root_freq {args.inv_root_freq}, lr {args.lr:g} (warm-up, cosine); backend {r['backend']}; "
-            f"{r['steps']} steps, warm-up {min(args.every, r['steps'])} steps, then one fault per {args.every} steps (seed {args.seed})."
+            f"Model: byte-level Llama, d_model {args.d_model}, {args.layers} layer(s), context {args.context}, "
+            f"batch {args.batch}; "
+            f"DASH block {args.block_size}, inv_root_freq {args.inv_root_freq}, lr {args.lr:g} (warm-up, cosine); "
+            f"backend {r['backend']}; "
+            f"{r['steps']} steps, warm-up {min(args.every, r['steps'])} steps, "
+            f"then one fault per {args.every} steps (seed {args.seed})."
         ),
         "",
         "| check | result |",
         "|---|---|",
         f"| faults injected | {n_faults}: " + ", ".join(f"{k} {v}" for k, v in r["faults"].items()) + " |",
         (
-            f"| steps skipped (state['skipped']) | {r['skipped']} (expected {r['expected_skips']}: the nan, inf and scale faults); "
+            f"| steps skipped (state['skipped']) | {r['skipped']} (expected {r['expected_skips']}: the nan, "
+            "inf and scale faults); "
             f"at exactly the faulted steps: {'yes' if r['skips_at_fault_steps'] else 'NO'} |"
         ),
-        f"| params and state bitwise unchanged on skipped steps | {'yes' if r['bitwise_unchanged_on_skips'] else 'NO'} ({r['bitwise_checked']} checked) |",
+        "| params and state bitwise unchanged on skipped steps | "
+        f"{'yes' if r['bitwise_unchanged_on_skips'] else 'NO'} ({r['bitwise_checked']} checked) |",
         f"| parameters finite after every step | {finite} |",
         f"| root fallbacks (sum over factor stacks) | {r['fallbacks']}"
         + (
@@ -453,17 +459,20 @@ def report(args, r: dict, argv) -> str:
         + (f" (fault-free run: {r['clean_fallbacks']})" if "clean_fallbacks" in r else "")
         + " |",
         (
-            f"| recompiles after warm-up | {r['recompiles_after_warmup']} (unique graphs {r['graphs_at_warmup']} -> {r['graphs_end']}; "
+            f"| recompiles after warm-up | {r['recompiles_after_warmup']} (unique graphs {r['graphs_at_warmup']} -> "
+            f"{r['graphs_end']}; "
             f"{r['compile_events_after_warmup']} compile events; {r['graph_breaks']} graph breaks) |"
         ),
-        f"| RSS at step {r['rss_at']:,} / end | {r['rss_first_mib']:.1f} MiB / {r['rss_end_mib']:.1f} MiB: {r['rss_growth_pct']:+.2f}% |",
+        f"| RSS at step {r['rss_at']:,} / end | {r['rss_first_mib']:.1f} MiB / {r['rss_end_mib']:.1f} MiB: "
+        f"{r['rss_growth_pct']:+.2f}% |",
         f"| final train loss (mean of last 100 steps) | {r['train_loss']:.4f}"
         + (f" (fault-free {r['clean_train_loss']:.4f})" if "clean_train_loss" in r else "")
         + " |",
         f"| final validation loss ({args.val_batches} batches) | {r['val_loss']:.4f}"
         + (f" (fault-free {r['clean_val_loss']:.4f})" if "clean_val_loss" in r else "")
         + " |",
-        f"| wall time | {r['wall_s']:.0f} s ({r['steady_ms_per_step']:.1f} ms per step after warm-up, {'both runs' if 'clean_val_loss' in r else 'one run'}) |",
+        f"| wall time | {r['wall_s']:.0f} s ({r['steady_ms_per_step']:.1f} ms per step after warm-up, "
+        f"{'both runs' if 'clean_val_loss' in r else 'one run'}) |",
         "",
     ]
     if "loss_jumps" in r:

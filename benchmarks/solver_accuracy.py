@@ -155,7 +155,8 @@ def print_table(name: str, X: torch.Tensor, rows: list[dict], device: torch.devi
         dtype = r["matmul_dtype"] + (" (emulated)" if emulated and r["matmul_dtype"] != "float32" else "")
         own = f"{r['err_own']:.1e}" if "err_own" in r else ""
         print(
-            f"| {r['label']} | {dtype} | {1e3 * r['seconds']:.1f} | {r['per_block_ms']:.2f} | {r['err_median']:.1e} | {r['err_max']:.1e} | {own} | {r['flagged']}/{r['blocks']} |"
+            f"| {r['label']} | {dtype} | {1e3 * r['seconds']:.1f} | {r['per_block_ms']:.2f} | {r['err_median']:.1e} | "
+            f"{r['err_max']:.1e} | {own} | {r['flagged']}/{r['blocks']} |"
         )
 
 
@@ -201,7 +202,8 @@ def plot(results: dict[str, list[dict]], path: Path, device: torch.device) -> No
     for ax in list(axes.flat)[len(results) :]:
         ax.axis("off")
     fig.suptitle(
-        "dash_fn inverse-root solvers: accuracy vs cost (* = fro scaling, squares = 16-bit operands, hollow = emulated)",
+        "dash_fn inverse-root solvers: accuracy vs cost (* = fro scaling, squares = 16-bit operands, "
+        "hollow = emulated)",
         fontsize=9,
     )
     fig.tight_layout()

@@ -195,9 +195,12 @@ def markdown(rows) -> str:
     lines = [head, "|" + "---|" * 12]
     for r in rows:
         lines.append(
-            f"| {r['impl']} | {r['d_model']} | {r['block']} | {r['solver']} | {fmt(r['plain_ms'], '.1f')} | {fmt(r['refresh_ms'], '.1f')} | "
-            f"{fmt(r['plain_gflop'], '.2f')} | {fmt(None if r['plain_peak'] is None else 100 * r['plain_peak'], '.0f')} | "
-            f"{fmt(r['refresh_gflop'], '.1f')} | {fmt(None if r['refresh_peak'] is None else 100 * r['refresh_peak'], '.0f')} | "
+            f"| {r['impl']} | {r['d_model']} | {r['block']} | {r['solver']} | {fmt(r['plain_ms'], '.1f')} | "
+            f"{fmt(r['refresh_ms'], '.1f')} | "
+            f"{fmt(r['plain_gflop'], '.2f')} | "
+            f"{fmt(None if r['plain_peak'] is None else 100 * r['plain_peak'], '.0f')} | "
+            f"{fmt(r['refresh_gflop'], '.1f')} | "
+            f"{fmt(None if r['refresh_peak'] is None else 100 * r['refresh_peak'], '.0f')} | "
             f"{fmt(r['peak_mem_mib'], '.0f')} | {fmt(r['state_b_per_param'], '.1f')} |"
         )
     return "\n".join(lines)
@@ -213,7 +216,9 @@ def speedups(rows) -> str:
         for name in by_impl:
             if seq and name.startswith("dash_fn"):
                 out.append(
-                    f"- d_model {key[0]}, block {key[1]}, {key[2]}: refresh step {seq['refresh_ms'] / by_impl[name]['refresh_ms']:.2f}x faster with {name} than sequential; plain step {seq['plain_ms'] / by_impl[name]['plain_ms']:.2f}x"
+                    f"- d_model {key[0]}, block {key[1]}, {key[2]}: refresh step "
+                    f"{seq['refresh_ms'] / by_impl[name]['refresh_ms']:.2f}x faster with {name} than sequential; "
+                    f"plain step {seq['plain_ms'] / by_impl[name]['plain_ms']:.2f}x"
                 )
     return "\n".join(out)
 
@@ -238,7 +243,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     peak = matmul_peak(device)
     print(
-        f"device {device} ({torch.cuda.get_device_name() if device.type == 'cuda' else f'{torch.get_num_threads()} CPU threads'}), "
+        f"device {device} "
+        f"({torch.cuda.get_device_name() if device.type == 'cuda' else f'{torch.get_num_threads()} CPU threads'}), "
         f"torch {torch.__version__}, float32 matmul peak measured {peak / 1e9:.1f} GFLOP/s\n"
     )
     compiled = {} if args.no_compile else {"dash_fn compiled": {"backend": "aot_eager" if args.quick else "inductor"}}

@@ -164,7 +164,8 @@ def check_layout(found: DashConfig, expected: DashConfig, where: str, found_in: 
     ):
         if f != e:
             raise ValueError(
-                f"{where}: {name} is {e!r} here but {f!r} in {found_in}; it fixes the layout of the state, which therefore cannot serve this config"
+                f"{where}: {name} is {e!r} here but {f!r} in {found_in}; it fixes the layout of the state, "
+                "which therefore cannot serve this config"
             )
 
 
@@ -228,7 +229,8 @@ def load_state(path, *, params=None, config: DashConfig | None = None, device=No
         blob = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch.load raises many types for a damaged file
         raise ValueError(
-            f"{where} cannot be read; it is truncated, corrupted or not a torch.save file ({type(error).__name__}: {error})"
+            f"{where} cannot be read; it is truncated, corrupted or not a torch.save file "
+            f"({type(error).__name__}: {error})"
         ) from error
     _check_header(blob, where)
     if "checksum" not in blob:
@@ -363,7 +365,8 @@ def _check_tensors(tensors, template: TensorDict, where: str) -> dict:
             raise ValueError(f"{where}: state entry {key!r} is a {type(x).__name__}, not a tensor")
         if x.shape != spec.shape or x.dtype != spec.dtype:
             raise ValueError(
-                f"{where}: state tensor {key!r} has shape {tuple(x.shape)} and dtype {x.dtype}, expected {tuple(spec.shape)} and {spec.dtype}"
+                f"{where}: state tensor {key!r} has shape {tuple(x.shape)} and dtype {x.dtype}, "
+                f"expected {tuple(spec.shape)} and {spec.dtype}"
             )
     for key in tensors:
         if key not in expected:

@@ -53,7 +53,8 @@ def check_params(names: list[str], tensors: list[torch.Tensor]) -> None:
             raise TypeError(f"init: params[{name!r}] has dtype {x.dtype}; DASH optimizes floating-point tensors only")
         if x.device != device:
             raise ValueError(
-                f"init: params[{name!r}] is on {x.device} but params[{names[0]!r}] is on {device}; all must share one device"
+                f"init: params[{name!r}] is on {x.device} but params[{names[0]!r}] is on {device}; "
+                "all must share one device"
             )
 
 
@@ -101,12 +102,14 @@ def check_step_inputs(local: Plan, state, params: list[torch.Tensor], grads: lis
         shape = tuple(state["factors", str(k), "F"].shape)
         if shape != (stack.count, stack.size, stack.size):
             raise ValueError(
-                f"step: state factor stack {k} has shape {shape}, the plan expects {(stack.count, stack.size, stack.size)}"
+                f"step: state factor stack {k} has shape {shape}, the plan expects "
+                f"{(stack.count, stack.size, stack.size)}"
             )
     if isinstance(lr, torch.Tensor):
         if lr.ndim != 0 or not lr.is_floating_point():
             raise ValueError(
-                f"step: lr must be a float or a 0-d floating tensor, got a tensor of shape {tuple(lr.shape)} and dtype {lr.dtype}"
+                "step: lr must be a float or a 0-d floating tensor, "
+                f"got a tensor of shape {tuple(lr.shape)} and dtype {lr.dtype}"
             )
     elif not isinstance(lr, Real) or isinstance(lr, bool):
         raise ValueError(f"step: lr must be a finite number >= 0 or a 0-d tensor, got {lr!r}")

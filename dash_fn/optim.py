@@ -98,7 +98,8 @@ class DASH(torch.optim.Optimizer):
         unknown = sorted(set(config_fields) - set(CONFIG_FIELDS))
         if unknown:
             raise TypeError(
-                f"DASH got unknown option {unknown[0]!r}; its options are lr, compile and the DashConfig fields {CONFIG_FIELDS}"
+                f"DASH got unknown option {unknown[0]!r}; "
+                f"its options are lr, compile and the DashConfig fields {CONFIG_FIELDS}"
             )
         if not isinstance(compile, (bool, Mapping)):
             raise TypeError(
@@ -312,12 +313,14 @@ class DASH(torch.optim.Optimizer):
             or not isinstance(state_dict.get("state"), Mapping)
         ):
             raise ValueError(
-                "load_state_dict: expected a dict with 'state' (a dict) and 'param_groups' (a list), as DASH.state_dict() returns"
+                "load_state_dict: expected a dict with 'state' (a dict) and 'param_groups' (a list), "
+                "as DASH.state_dict() returns"
             )
         saved_groups = deepcopy(state_dict["param_groups"])
         if len(saved_groups) != len(self.param_groups):
             raise ValueError(
-                f"load_state_dict: the checkpoint has {len(saved_groups)} param groups, this optimizer {len(self.param_groups)}"
+                f"load_state_dict: the checkpoint has {len(saved_groups)} param groups, "
+                f"this optimizer {len(self.param_groups)}"
             )
         saved_state = dict(state_dict["state"])
         groups, entries, used = [], {}, set()
@@ -326,7 +329,8 @@ class DASH(torch.optim.Optimizer):
             params = group["params"]
             if not isinstance(saved, Mapping) or len(saved.get("params", ())) != len(params):
                 raise ValueError(
-                    f"{where} has {len(saved.get('params', ())) if isinstance(saved, Mapping) else '?'} parameters in the checkpoint, {len(params)} here"
+                    f"{where} has {len(saved.get('params', ())) if isinstance(saved, Mapping) else '?'} parameters in "
+                    f"the checkpoint, {len(params)} here"
                 )
             # Keys the checkpoint lacks (a field added since it was written) keep their values.
             new_group = {**group, **{k: v for k, v in saved.items() if k != "params"}, "params": params}
@@ -380,9 +384,9 @@ def _check_cuda_graph_solver(options, config: DashConfig, device: torch.device, 
     )
     if cuda_graphs and not for_device(device).cpu_ops and resolve_solver(config, device) == "eigh":
         raise ValueError(
-            f"{where}: solver='eigh' cannot run under CUDA graphs (compile mode {options.get('mode')!r}): torch.linalg.eigh "
-            "reads its error flags on the host once per call; use a matmul solver (solver='ndb', 'cn' or 'chebyshev') "
-            "or compile without CUDA graphs"
+            f"{where}: solver='eigh' cannot run under CUDA graphs (compile mode {options.get('mode')!r}): "
+            "torch.linalg.eigh reads its error flags on the host once per call; "
+            "use a matmul solver (solver='ndb', 'cn' or 'chebyshev') or compile without CUDA graphs"
         )
 
 

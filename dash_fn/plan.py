@@ -135,7 +135,8 @@ def batched_view(shape: Sequence[int], batch_dims: int) -> tuple[str, tuple[int,
     bands [e R, (e + 1) R) are blocked apart (docs/ALGORITHM.md 2.1 for each)."""
     if not 0 <= batch_dims < max(len(shape), 1):
         raise ValueError(
-            f"batch_dims must be in [0, {max(len(shape) - 1, 0)}] for a parameter of shape {tuple(shape)}, got {batch_dims}"
+            f"batch_dims must be in [0, {max(len(shape) - 1, 0)}] for a parameter of shape {tuple(shape)}, "
+            f"got {batch_dims}"
         )
     count = 1
     for d in shape[:batch_dims]:

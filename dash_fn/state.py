@@ -77,7 +77,8 @@ def init(
         if tuple(x.to_local().shape) != local_shape(shape, world_size, rank):
             raise ValueError(
                 f"init: params[{name!r}] holds a shard of shape {tuple(x.to_local().shape)} on rank {rank}, not the "
-                f"{local_shape(shape, world_size, rank)} of FSDP2's even Shard(0) split of {shape} over {world_size} ranks"
+                f"{local_shape(shape, world_size, rank)} of FSDP2's even Shard(0) split of {shape} "
+                f"over {world_size} ranks"
             )
     device = tensors[0].to_local().device
     _warn_about_precision(config, device)
@@ -136,13 +137,15 @@ def check_batch_dims(batch_dims: Mapping[str, int] | None, specs) -> dict[str, i
             )
         if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k < max(len(shapes[name]), 1):
             raise ValueError(
-                f"init: batch_dims[{name!r}] must be an integer in [0, {max(len(shapes[name]) - 1, 0)}] for shape {shapes[name]}, got {k!r}"
+                f"init: batch_dims[{name!r}] must be an integer in [0, {max(len(shapes[name]) - 1, 0)}] "
+                f"for shape {shapes[name]}, got {k!r}"
             )
     for name, shape, _ in specs:
         squeezed = [d for d in shape if d != 1]
         if name not in batch_dims and len(squeezed) > 2 and not all(d <= 11 for d in squeezed[2:]):
             warnings.warn(
-                f"parameter {name!r} of shape {tuple(shape)} is viewed as one ({squeezed[0]}, {math.prod(squeezed[1:])}) matrix; "
+                f"parameter {name!r} of shape {tuple(shape)} "
+                f"is viewed as one ({squeezed[0]}, {math.prod(squeezed[1:])}) matrix; "
                 "if its leading dims index independent matrices (experts, heads), declare them, so that each gets "
                 f"its own factors: batch_dims={{{name!r}: 1}} in dash_fn.init, or in dash_fn.DASH a param group of "
                 'its own with "batch_dims": 1 (e.g. {"params": [...], "batch_dims": 1})',
@@ -212,7 +215,8 @@ def _warn_about_precision(config: DashConfig, device: torch.device) -> None:
         return
     if solver == "ndb":
         warnings.warn(
-            f"NDB with matmul_dtype={config.matmul_dtype} is reported unstable (the DASH paper ran NDB in float32 only)",
+            f"NDB with matmul_dtype={config.matmul_dtype} is reported unstable "
+            "(the DASH paper ran NDB in float32 only)",
             stacklevel=3,
         )
     if device.type not in ("cuda", "xpu"):

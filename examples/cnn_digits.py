@@ -94,7 +94,8 @@ def main(argv: list[str] | None = None) -> None:
     for optimizer in ("adamw", "dash"):
         loss, accuracy = run(optimizer, args.lr, args.steps, args.seed, data)
         print(
-            f"{optimizer:6s} lr {args.lr:g}: test loss {loss:.4f}, test accuracy {100 * accuracy:.1f}% after {args.steps} steps"
+            f"{optimizer:6s} lr {args.lr:g}: test loss {loss:.4f}, "
+            f"test accuracy {100 * accuracy:.1f}% after {args.steps} steps"
         )
 
 

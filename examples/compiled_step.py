@@ -117,7 +117,8 @@ def _main(argv: list[str] | None = None) -> None:
         params, state, loss = train_step(params, state, tokens, lr, t)
         if t == 1 or t % 10 == 0 or t == args.steps:
             print(
-                f"step {t:4d}  loss {float(loss):.4f}  lr {float(lr):.2e}  {1e3 * (time.perf_counter() - start):8.1f} ms"
+                f"step {t:4d}  loss {float(loss):.4f}  lr {float(lr):.2e}  "
+                f"{1e3 * (time.perf_counter() - start):8.1f} ms"
             )
     print(f"graphs compiled: {torch._dynamo.utils.counters['stats']['unique_graphs']}")
 

@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> None:
     if rank == 0:
         params = sum(p.numel() for p in model.parameters())
         print(
-            f"ranks {world_size}, {params} parameters, {args.steps} steps: val loss {val:.4f}, {1e3 * wall / max(1, args.steps - 1):.1f} ms/step"
+            f"ranks {world_size}, {params} parameters, {args.steps} steps: val loss {val:.4f}, "
+            f"{1e3 * wall / max(1, args.steps - 1):.1f} ms/step"
         )
         print(
             "optimizer state bytes per rank: "

@@ -262,9 +262,12 @@ def summarize(logs: list[dict], args) -> str:
         ):
             adamw[log["seed"]] = log
     lines = [
-        f"Model: d_model {args.d_model}, {args.n_layers} layers, context {args.context}, batch {args.batch}; {args.steps} steps; block size {args.block_size}; device {args.device}.",
+        f"Model: d_model {args.d_model}, {args.n_layers} layers, context {args.context}, batch {args.batch}; "
+        f"{args.steps} steps; block size {args.block_size}; device {args.device}.",
         "",
-        "| run | seeds | final val loss (mean ± std) | steps to AdamW's final val loss (per seed) | fraction of AdamW's steps | seconds to it (mean) | fraction of AdamW's seconds | val loss at AdamW's seconds | ms / step | compile s |",
+        "| run | seeds | final val loss (mean ± std) | steps to AdamW's final val loss (per seed) | fraction of "
+        "AdamW's steps | seconds to it (mean) | fraction of AdamW's seconds | val loss at AdamW's seconds | ms / step "
+        "| compile s |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run, group in by_run.items():
@@ -289,13 +292,18 @@ def summarize(logs: list[dict], args) -> str:
         ms = statistics.mean(1e3 * g["wall"][-1] / max(1, g["timed_steps"]) for g in group)
         per_seed = ", ".join("-" if r is None else str(r[0]) for r in reach)
         lines.append(
-            f"| {run} | {len(group)} | {statistics.mean(finals):.4f} ± {spread:.4f} | {per_seed} | {steps_frac} | {seconds} | {wall_frac} | {at_adamw_wall} | {ms:.0f} | {statistics.mean(g['compile_s'] for g in group):.0f} |"
+            f"| {run} | {len(group)} | {statistics.mean(finals):.4f} ± {spread:.4f} | {per_seed} | {steps_frac} | "
+            f"{seconds} | {wall_frac} | {at_adamw_wall} | {ms:.0f} | "
+            f"{statistics.mean(g['compile_s'] for g in group):.0f} |"
         )
     lines += [
         "",
-        f"Validation every {args.eval_every} steps on {args.eval_batches} fixed batches. 'Steps (seconds) to AdamW's final val loss': the first "
-        "evaluation at or below the final validation loss of the best AdamW run (over its learning rates) with the same seed, and the wall time "
-        "of the train steps until then; 'val loss at AdamW's seconds': the last evaluation within that AdamW run's total train-step time.",
+        f"Validation every {args.eval_every} steps on {args.eval_batches} fixed batches. 'Steps (seconds) to AdamW's "
+        "final val loss': the first "
+        "evaluation at or below the final validation loss of the best AdamW run (over its learning rates) with the "
+        "same seed, and the wall time "
+        "of the train steps until then; 'val loss at AdamW's seconds': "
+        "the last evaluation within that AdamW run's total train-step time.",
     ]
     return "\n".join(lines)
 
@@ -343,7 +351,9 @@ def _main(argv: list[str] | None = None) -> None:
         "--runs",
         nargs="+",
         default=["adamw@1e-3", "dash@3e-3"],
-        help="OPTIMIZER@LR, e.g. adamw@1e-3 dash-ndb@3e-3; OPTIMIZER is adamw, muon, soap, psgd, dash, dash-SOLVER (eigh, ndb, cn, chebyshev), dash-defaults (DashConfig() as is) or dash-paper (DashConfig.paper())",
+        help="OPTIMIZER@LR, e.g. adamw@1e-3 dash-ndb@3e-3; OPTIMIZER is adamw, muon, soap, psgd, dash, "
+        "dash-SOLVER (eigh, ndb, cn, chebyshev), dash-defaults (DashConfig() as is) or dash-paper "
+        "(DashConfig.paper())",
     )
     parser.add_argument(
         "--seeds",
@@ -382,13 +392,16 @@ def _main(argv: list[str] | None = None) -> None:
         "--deterministic",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="torch.use_deterministic_algorithms: without it Inductor's CPU code sums the embedding gradient with atomic adds from several OpenMP threads, in an order that changes from run to run (no measurable cost on CPU: benchmarks/RESULTS.md, issue 13)",
+        help="torch.use_deterministic_algorithms: without it Inductor's CPU code sums the embedding gradient with "
+        "atomic adds from several OpenMP threads, in an order that changes from run to run (no measurable cost "
+        "on CPU: benchmarks/RESULTS.md, issue 13)",
     )
     parser.add_argument(
         "--eps",
         type=float,
         default=None,
-        help="DASH's eps (X + eps I is inverted) for every dash run; None keeps each run's config value (DashConfig's 1e-10)",
+        help="DASH's eps (X + eps I is inverted) for every dash run; "
+        "None keeps each run's config value (DashConfig's 1e-10)",
     )
     parser.add_argument(
         "--save-params",
@@ -405,7 +418,8 @@ def _main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     corpus = file_corpus(args.data) if args.data else stdlib_corpus(args.corpus_bytes)
     print(
-        f"corpus: {len(corpus[0]):,} train bytes, {len(corpus[1]):,} validation bytes; torch {torch.__version__}, {args.device}, {torch.get_num_threads()} threads"
+        f"corpus: {len(corpus[0]):,} train bytes, {len(corpus[1]):,} validation bytes; torch {torch.__version__}, "
+        f"{args.device}, {torch.get_num_threads()} threads"
     )
     if args.no_progress:
         progress = lambda it, **kw: _Silent(it)

@@ -83,11 +83,13 @@ def load_param_entries(state: TensorDict, entries: Mapping, where: str = "load_s
             raise ValueError(f"{where}: the checkpoint has no state for parameter {p.name!r}")
         if "shape" not in entry or "step" not in entry:
             raise ValueError(
-                f"{where}: the checkpoint's state for parameter {p.name!r} is not a dash_fn state (keys {sorted(entry)})"
+                f"{where}: the checkpoint's state for parameter {p.name!r} is not a dash_fn state "
+                f"(keys {sorted(entry)})"
             )
         if list(entry["shape"]) != list(p.shape):
             raise ValueError(
-                f"{where}: parameter {p.name!r} has shape {p.shape} but {tuple(entry.get('shape', ()))} in the checkpoint"
+                f"{where}: parameter {p.name!r} has shape {p.shape} "
+                f"but {tuple(entry.get('shape', ()))} in the checkpoint"
             )
         if entry.get("dtype") != str(p.dtype).removeprefix("torch."):
             raise ValueError(
@@ -95,7 +97,8 @@ def load_param_entries(state: TensorDict, entries: Mapping, where: str = "load_s
             )
         if entry.get("batch_dims", 0) != p.batch_dims:
             raise ValueError(
-                f"{where}: parameter {p.name!r} has batch_dims {p.batch_dims} but {entry.get('batch_dims', 0)} in the checkpoint"
+                f"{where}: parameter {p.name!r} has batch_dims {p.batch_dims} "
+                f"but {entry.get('batch_dims', 0)} in the checkpoint"
             )
     steps = {
         p.name: _tensor(entries[p.name], "step", (), torch.int64, f"{where}: parameter {p.name!r}") for p in plan.params
@@ -104,7 +107,8 @@ def load_param_entries(state: TensorDict, entries: Mapping, where: str = "load_s
     for name, t in steps.items():
         if not torch.equal(t, steps[first]):
             raise ValueError(
-                f"{where}: parameter {name!r} is at step {int(t)} but {first!r} at {int(steps[first])}; one state steps them together"
+                f"{where}: parameter {name!r} is at step {int(t)} but {first!r} at {int(steps[first])}; "
+                "one state steps them together"
             )
     new = state.exclude("config", "plan", "shard").clone()
     copies = [(new["step"], steps[first])]  # (destination in the new state, source), all checked before any copy
@@ -117,7 +121,8 @@ def load_param_entries(state: TensorDict, entries: Mapping, where: str = "load_s
         block = entries[name].get(key)
         if not isinstance(block, Mapping):
             raise ValueError(
-                f"{where}: the checkpoint lacks block {key!r} of parameter {name!r} (saved with another block_size or fsdp_blocks?)"
+                f"{where}: the checkpoint lacks block {key!r} of parameter {name!r} "
+                "(saved with another block_size or fsdp_blocks?)"
             )
         for field, view in _block_views(new, local, g, pos).items():
             copies.append(

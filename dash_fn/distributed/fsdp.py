@@ -333,13 +333,15 @@ def check_dtensors(names: Sequence[str], tensors: Sequence[torch.Tensor]):
     supported = "FSDP2's (Shard(0),) on a 1-D mesh or (Replicate(), Shard(0)) on a 2-D HSDP mesh"
     if mesh.ndim > 2:
         raise TypeError(
-            f"params[{names[0]!r}] lives on a {mesh.ndim}-D DeviceMesh; dash_fn supports {supported} (no tensor or context parallelism)"
+            f"params[{names[0]!r}] lives on a {mesh.ndim}-D DeviceMesh; "
+            f"dash_fn supports {supported} (no tensor or context parallelism)"
         )
     expected = (Shard(0),) if mesh.ndim == 1 else (Replicate(), Shard(0))
     for name, x in zip(names, tensors):
         if x.device_mesh != mesh:
             raise TypeError(
-                f"params[{name!r}] is on another DeviceMesh than params[{names[0]!r}]; dash_fn needs one mesh for all parameters"
+                f"params[{name!r}] is on another DeviceMesh than params[{names[0]!r}]; "
+                "dash_fn needs one mesh for all parameters"
             )
         if tuple(x.placements) != expected:
             raise TypeError(

@@ -482,7 +482,10 @@ def machine_line(load) -> str:
             model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
     except OSError:
         pass
-    return f"{model}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads, load average {load}"
+    return (
+        f"{model}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"load average {load}"
+    )
 
 
 def loadavg() -> str:
@@ -537,9 +540,12 @@ def main(argv=None) -> None:
         f"model: 3 x Linear({args.d_model}, {args.d_model}) with bias, block {args.block_size}, "
         f"preconditioning from step {args.start}, {args.reps} round-robin reps, medians"
     )
-    print(
-        f"allocator: {'dash_fn.retain_freed_cpu_memory() (freed memory kept for reuse)' if args.retain_freed_memory else 'glibc defaults (freed memory may go back to the OS)'}"
+    allocator = (
+        "dash_fn.retain_freed_cpu_memory() (freed memory kept for reuse)"
+        if args.retain_freed_memory
+        else "glibc defaults (freed memory may go back to the OS)"
     )
+    print(f"allocator: {allocator}")
 
     peers = [dataclasses.replace(p, name=p.name.format(block=args.block_size)) for p in PEERS]
     chosen = [p for p in peers if (args.only is None or p.key in args.only) and p.key not in args.skip]

@@ -12,8 +12,9 @@ stacks of the step's own shapes (torch.bmm on random blocks), the compiled adapt
 (``DASH(compile=True)``, Inductor) and the eager one, and prints each step's ratio to the
 products. Each repetition runs ``--window`` consecutive calls of one kind, as training does
 (single calls squeezed between the other kinds measured slower: the compiled step 48 ms
-instead of 34, the products 23 instead of 17, at the default sizes; the cause is not known). The roots are refreshed once (step 1) and never again, so every timed step is plain;
-the gradients are fixed and written into ``.grad`` outside the timed region.
+instead of 34, the products 23 instead of 17, at the default sizes; the cause is not known).
+The roots are refreshed once (step 1) and never again, so every timed step is plain; the
+gradients are fixed and written into ``.grad`` outside the timed region.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """How far one DASH update moves when one gradient entry moves by one ulp, per solver and eps;
 and (``--determinism``) the race that made examples/train_lm.py irreproducible, and its cure's cost.
 
-    python benchmarks/sensitivity.py                         # solvers eigh, ndb, cn x eps 1e-10, 1e-8, 1e-6 (13 min on 2 busy cores)
+    python benchmarks/sensitivity.py                         # solvers eigh, ndb, cn x eps 1e-10, 1e-8, 1e-6
+                                                             # (13 min on 2 busy cores)
     python benchmarks/sensitivity.py --solvers eigh --eps 1e-10 1e-4
     python benchmarks/sensitivity.py --determinism           # the race, and deterministic mode's cost (~3 min)
 

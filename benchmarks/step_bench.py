@@ -191,7 +191,10 @@ def fmt(value, spec: str) -> str:
 
 
 def markdown(rows) -> str:
-    head = "| impl | d_model | block | solver | plain ms | refresh ms | plain GFLOP | plain % peak | refresh GFLOP | refresh % peak | step peak mem MiB | state B/param |"
+    head = (
+        "| impl | d_model | block | solver | plain ms | refresh ms | plain GFLOP | plain % peak | refresh GFLOP "
+        "| refresh % peak | step peak mem MiB | state B/param |"
+    )
     lines = [head, "|" + "---|" * 12]
     for r in rows:
         lines.append(

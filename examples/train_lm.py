@@ -1,6 +1,7 @@
 """Train a small byte-level Llama on the Python standard library's source, DASH beside AdamW.
 
-    python examples/train_lm.py                                  # the default comparison (1.5 min on 2 idle CPU cores, 8 on busy ones)
+    python examples/train_lm.py                                  # the default comparison
+                                                                 # (1.5 min on 2 idle CPU cores, 8 on busy ones)
     python examples/train_lm.py --runs adamw@1e-3 dash-ndb@3e-3 --seeds 0 1 2
     python examples/train_lm.py --data my_corpus.txt --d-model 256 --device cuda
 

@@ -91,9 +91,10 @@ def test_chunks_give_the_whole_stack_result_bitwise(chunked, solver):
 
 
 def test_a_chunked_refresh_compiles_inside_the_step(chunked):
-    """The chunks' writes into the result trace (fullgraph) and give the eager result. float64 and eps = 1e-6: eager on the CPU forms aligned factor EMAs inside their
-    products, compiled apart, and eps = 1e-10 in float32 turns that rounding difference into
-    1e-2 differences of the parameters (as between eager and Inductor: test_compile_step)."""
+    """The chunks' writes into the result trace (fullgraph) and give the eager result. float64
+    and eps = 1e-6: eager on the CPU forms aligned factor EMAs inside their products, compiled
+    apart, and eps = 1e-10 in float32 turns that rounding difference into 1e-2 differences of
+    the parameters (as between eager and Inductor: test_compile_step)."""
     params = mixed_params(torch.float64)
     config = dash_fn.DashConfig(block_size=16, solver="eigh", inv_root_freq=2, eps=1e-6)  # eigh: a small graph
     runs = []

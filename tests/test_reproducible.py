@@ -104,7 +104,13 @@ def test_train_lm_repeats_bitwise_inductor_cold_and_warm_cache(tmp_path):
 ADAPTER_LOOP = """
 import sys, torch, dash_fn
 torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Embedding(256, 32), torch.nn.Flatten(), torch.nn.Linear(8 * 32, 64), torch.nn.GELU(), torch.nn.Linear(64, 256))
+model = torch.nn.Sequential(
+    torch.nn.Embedding(256, 32),
+    torch.nn.Flatten(),
+    torch.nn.Linear(8 * 32, 64),
+    torch.nn.GELU(),
+    torch.nn.Linear(64, 256),
+)
 opt = dash_fn.DASH(model.named_parameters(), lr=3e-3, block_size=32, solver="eigh", inv_root_freq=2)
 gen = torch.Generator().manual_seed(1)
 for step in range(8):

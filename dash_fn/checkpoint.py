@@ -263,7 +263,7 @@ def _checksum(blob: Mapping, where: str = "checkpoint") -> int:
     tensors = blob.get("tensors")
     if not isinstance(tensors, Mapping) or not all(isinstance(x, torch.Tensor) for x in tensors.values()):
         raise ValueError(f"{where}: 'tensors' must be a dict of tensors")
-    metadata = (blob["format"], blob["version"], blob.get("config"), blob.get("params"))
+    metadata: tuple = (blob["format"], blob["version"], blob.get("config"), blob.get("params"))
     if "shard" in blob:
         metadata += (blob["shard"],)
     crc = zlib.crc32(repr(metadata).encode())

@@ -174,10 +174,11 @@ def eigh_root(X: torch.Tensor, p: int, eps: float, heuristic: str) -> torch.Tens
         for lo in range(part.start, part.stop, chunk):
             blocks = slice(lo, min(lo + chunk, part.stop))
             padded = pad_aligned(shifted(X[blocks], eps))
+            mu, Q = torch.linalg.eigh(padded)
             if padded.shape[-1] == b:
-                spectral_root(*torch.linalg.eigh(padded), p, eps, heuristic, out=out[blocks])
+                spectral_root(mu, Q, p, eps, heuristic, out=out[blocks])
             else:  # X's root is the top-left corner
-                out[blocks] = spectral_root(*torch.linalg.eigh(padded), p, eps, heuristic)[..., :b, :b]
+                out[blocks] = spectral_root(mu, Q, p, eps, heuristic)[..., :b, :b]
 
     threads = min(torch.get_num_threads(), X.shape[0])
     if threads <= 1:

@@ -25,7 +25,7 @@ def flatten(tree, what: str) -> tuple[list, list[str], list[torch.Tensor]]:
         items = list(tree.items())
     else:
         raise TypeError(f"{what} must be a Mapping[str, Tensor] or a TensorDict, got {type(tree).__name__}")
-    names = []
+    names, tensors = [], []
     for key, value in items:
         name = ".".join(key) if isinstance(key, tuple) else key
         if not isinstance(name, str):
@@ -33,7 +33,8 @@ def flatten(tree, what: str) -> tuple[list, list[str], list[torch.Tensor]]:
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"{what}[{name!r}] must be a torch.Tensor, got {type(value).__name__}")
         names.append(name)
-    return [k for k, _ in items], names, [v for _, v in items]
+        tensors.append(value)
+    return [k for k, _ in items], names, tensors
 
 
 def rebuild(tree, keys: list, tensors: list[torch.Tensor]):
@@ -113,7 +114,7 @@ def check_step_inputs(local: Plan, state, params: list[torch.Tensor], grads: lis
             )
     elif not isinstance(lr, Real) or isinstance(lr, bool):
         raise ValueError(f"step: lr must be a finite number >= 0 or a 0-d tensor, got {lr!r}")
-    elif not torch.compiler.is_compiling() and not (math.isfinite(lr) and lr >= 0):
+    elif not torch.compiler.is_compiling() and not (math.isfinite(lr) and lr >= 0):  # type: ignore[operator]
         # a compiled step may see lr as a symbolic float, whose value is not known at trace time
         raise ValueError(f"step: lr must be a finite number >= 0 or a 0-d tensor, got {lr!r}")
     if refresh is not None and not isinstance(refresh, bool):

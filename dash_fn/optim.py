@@ -23,7 +23,7 @@ import math
 import types
 import warnings
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from copy import deepcopy
 from numbers import Real
 
@@ -109,7 +109,7 @@ class DASH(torch.optim.Optimizer):
         _warn_if_adam_eps(config_fields, "DASH")
         defaults = {"lr": lr, **dataclasses.asdict(DashConfig(**config_fields))}
         self._compile = dict(compile) if isinstance(compile, Mapping) else compile
-        self._compiled_steps = {}
+        self._compiled_steps: dict[tuple[bool, str], Callable] = {}
         process_group_info(process_group)  # a bad group fails here, not at the first step
         self._process_group = process_group
         super().__init__(params, defaults)
@@ -218,7 +218,7 @@ class DASH(torch.optim.Optimizer):
         if (refresh, group) not in self._compiled_steps:
             # dynamic=False: Dynamo caches graphs per function, so a second optimizer (another
             # model) would otherwise turn the plan's ints symbolic, which the step cannot trace
-            options = {"dynamic": False, **({} if self._compile is True else self._compile)}
+            options = {"dynamic": False, **({} if isinstance(self._compile, bool) else self._compile)}
             step = _own_code(_STEPS_INTO[refresh])  # per group: see _own_code
             self._compiled_steps[refresh, group] = torch.compile(step, fullgraph=True, **options)
         return self._compiled_steps[refresh, group]
@@ -235,8 +235,8 @@ class DASH(torch.optim.Optimizer):
         ``torch.load(weights_only=True)`` reads it. The tensors are the live state's, as in
         ``torch.optim``: save the dict before the next step.
         """
-        for hook in self._optimizer_state_dict_pre_hooks.values():
-            hook(self)
+        for pre_hook in self._optimizer_state_dict_pre_hooks.values():
+            pre_hook(self)
         groups: list[dict] = []
         state: dict = {}
         index_of: dict[int, int] = {}
@@ -257,8 +257,8 @@ class DASH(torch.optim.Optimizer):
         # what others keep in optimizer.state under keys that are not parameters, kept as torch.optim keeps it
         state.update((k, v) for k, v in self.state.items() if not isinstance(k, torch.Tensor))
         state_dict = {"state": state, "param_groups": groups}
-        for hook in self._optimizer_state_dict_post_hooks.values():
-            state_dict = hook(self, state_dict) or state_dict
+        for post_hook in self._optimizer_state_dict_post_hooks.values():
+            state_dict = post_hook(self, state_dict) or state_dict
         return state_dict
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -272,16 +272,16 @@ class DASH(torch.optim.Optimizer):
         leaves the optimizer as it was. The states never share memory with ``state_dict``.
         """
         state_dict = dict(state_dict)
-        for hook in self._optimizer_load_state_dict_pre_hooks.values():
-            state_dict = hook(self, state_dict) or state_dict
+        for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
+            state_dict = pre_hook(self, state_dict) or state_dict
         groups, entries, others = self._restored(state_dict)
         self.state = defaultdict(dict, others)
         for group in groups:
             if group["params"] and group["params"][0] in entries:
                 self.state[group["params"][0]] = entries[group["params"][0]]
         self.param_groups = groups
-        for hook in self._optimizer_load_state_dict_post_hooks.values():
-            hook(self)
+        for post_hook in self._optimizer_load_state_dict_post_hooks.values():
+            post_hook(self)
 
     def _restored_state(self, group: dict, config: DashConfig, found: list, where: str) -> dict:
         """One group's state entry from its parameters' saved entries (or, as written by

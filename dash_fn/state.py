@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, cast
 
 import torch
 from tensordict import TensorDict
@@ -15,6 +16,11 @@ from .distributed.fsdp import check_dtensors, local_shape
 from .inputs import check_params, flatten
 from .plan import Plan, make_plan
 from .roots import resolve_solver, start_vectors, uses_start_vectors
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
+
+    from .distributed import FsdpShard, Shard
 
 
 def init(
@@ -73,14 +79,15 @@ def init(
         raise TypeError("init: params are FSDP2 DTensors, whose DeviceMesh names the ranks; pass process_group=None")
     mesh, dim = mesh
     rank, world_size = mesh.get_local_rank(dim), mesh.size(dim)
-    for (name, shape, _), x in zip(specs, tensors):
+    dtensors = cast("list[DTensor]", tensors)  # check_dtensors found their mesh: every param is a DTensor
+    for (name, shape, _), x in zip(specs, dtensors):
         if tuple(x.to_local().shape) != local_shape(shape, world_size, rank):
             raise ValueError(
                 f"init: params[{name!r}] holds a shard of shape {tuple(x.to_local().shape)} on rank {rank}, not the "
                 f"{local_shape(shape, world_size, rank)} of FSDP2's even Shard(0) split of {shape} "
                 f"over {world_size} ranks"
             )
-    device = tensors[0].to_local().device
+    device = dtensors[0].to_local().device
     _warn_about_precision(config, device)
     return make_state(
         specs, config, device, rank, world_size, mesh.get_group(dim).group_name, sharding="fsdp", batch_dims=batch_dims
@@ -100,6 +107,7 @@ def make_state(
     """The initial state for parameters given as (name, shape, dtype), for one rank of W whose
     parameters are whole (``sharding="replicated"``) or FSDP2 row shards (``"fsdp"``)."""
     plan = make_plan(specs, config.block_size, config.one_dim, batch_dims)
+    shard: Shard | FsdpShard
     if sharding == "fsdp":
         shard = make_fsdp_shard(plan, rank, world_size, group_name, config.fsdp_blocks, config.one_dim)
     else:

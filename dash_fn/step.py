@@ -184,7 +184,8 @@ def _factor_emas(plan: Plan, config: DashConfig, state: TensorDict, products, ok
         for side, X in sides:
             F = state["factors", str(side.stack), "F"][side.offset : side.offset + group.count]
             if isinstance(X, tuple):  # the product's operands (dash_fn.cpu)
-                cpu.factor_ema_in_product(F, *X, config.beta_LR)
+                a, b = X
+                cpu.factor_ema_in_product(F, a, b, config.beta_LR)
             elif config.beta_LR < 1:
                 # one write to the slice: Inductor turns each in-place op on a slice into a
                 # masked scatter over the whole stack, and two of them per side into a nest of
@@ -307,6 +308,7 @@ def _update_params(
             out.append(W)
             continue
         if p.kind == ADAMW:
+            assert adamw_dirs is not None  # a plan with ADAMW params has adamw_numel > 0
             update, decay = adamw_dirs[p.flat_offset : p.flat_offset + p.numel].reshape(p.shape), config.vector_decay
         else:
             decay = config.vector_decay if p.kind == SEGMENTS else config.weight_decay

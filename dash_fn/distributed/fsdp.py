@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -135,7 +136,7 @@ class FsdpShard:
                 received += max(b - a, 0) * x.shape[1]
             send_sizes.append(sent)
             recv_sizes.append(received)
-        pieces_from: list[list[torch.Tensor]] = [[] for _ in range(world)]
+        pieces_from: list[Any] = [[] for _ in range(world)]  # per rank: the tensor received from it, once exchanged
         if self.exchanges:
             import torch.distributed._functional_collectives as collectives
 
@@ -144,7 +145,8 @@ class FsdpShard:
             if comm_dtype is not None:
                 buffer = buffer.to(comm_dtype)
             recv = collectives.wait_tensor(
-                collectives.all_to_all_single(buffer, recv_sizes, send_sizes, self.group_name)
+                # the group name: torch types it as GroupName, a NewType of str; set whenever W > 1
+                collectives.all_to_all_single(buffer, recv_sizes, send_sizes, self.group_name)  # type: ignore[arg-type]
             ).to(dtype)
             pieces_from = list(torch.split(recv, recv_sizes))
         cursor = [0] * world
@@ -329,7 +331,8 @@ def check_dtensors(names: Sequence[str], tensors: Sequence[torch.Tensor]):
             f"params mixes DTensors ({sharded!r}) and plain tensors ({plain!r}); dash_fn takes either all parameters "
             "sharded by fully_shard (FSDP2) or all plain (one process, or DDP with process_group=)"
         )
-    mesh = tensors[0].device_mesh
+    dtensors = [x for x in tensors if isinstance(x, DTensor)]  # all of them, typed as DTensors
+    mesh = dtensors[0].device_mesh
     supported = "FSDP2's (Shard(0),) on a 1-D mesh or (Replicate(), Shard(0)) on a 2-D HSDP mesh"
     if mesh.ndim > 2:
         raise TypeError(
@@ -337,7 +340,7 @@ def check_dtensors(names: Sequence[str], tensors: Sequence[torch.Tensor]):
             f"dash_fn supports {supported} (no tensor or context parallelism)"
         )
     expected = (Shard(0),) if mesh.ndim == 1 else (Replicate(), Shard(0))
-    for name, x in zip(names, tensors):
+    for name, x in zip(names, dtensors):
         if x.device_mesh != mesh:
             raise TypeError(
                 f"params[{name!r}] is on another DeviceMesh than params[{names[0]!r}]; "

@@ -110,7 +110,9 @@ def all_ranks(flag: torch.Tensor, world_size: int, group_name: str | None) -> to
         return flag
     import torch.distributed._functional_collectives as collectives
 
-    votes = collectives.wait_tensor(collectives.all_reduce(flag.to(torch.int32).reshape(1), "min", group_name))
+    # the group name: torch types it as GroupName, a NewType of str; set whenever W > 1
+    vote = collectives.all_reduce(flag.to(torch.int32).reshape(1), "min", group_name)  # type: ignore[arg-type]
+    votes = collectives.wait_tensor(vote)
     return votes[0] > 0
 
 
@@ -137,7 +139,8 @@ def gather_directions(
     if comm_dtype is not None:
         buffer = buffer.to(comm_dtype)
     gathered = (
-        collectives.wait_tensor(collectives.all_gather_single(buffer, 0, shard.group_name))
+        # the group name: torch types it as GroupName, a NewType of str; set whenever W > 1
+        collectives.wait_tensor(collectives.all_gather_single(buffer, 0, shard.group_name))  # type: ignore[arg-type]
         .view(shard.world_size, -1)
         .to(dtype)
     )

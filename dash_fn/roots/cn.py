@@ -82,7 +82,7 @@ def coupled_newton(
         M = select(active, _power_times(C, p, M, product), M)
         r = residual(M)
         diverged = diverged | diverging(r)
-        if active is not None:
+        if active is not None and tol is not None:  # both set or both None
             active = active & (r >= tol)
         if trace is not None:
             trace(k, Y, M)

@@ -25,7 +25,8 @@ def eigh_inverse_root(X: torch.Tensor, p: int, *, eps: float, heuristic: str) ->
     one sync per call on a GPU.
     """
     b = X.shape[-1]
-    out = spectral_root(*torch.linalg.eigh(pad_aligned(shifted(X, eps))), p, eps, heuristic)
+    mu, Q = torch.linalg.eigh(pad_aligned(shifted(X, eps)))
+    out = spectral_root(mu, Q, p, eps, heuristic)
     # X's root is the top-left corner
     return out[..., :b, :b].contiguous()
 

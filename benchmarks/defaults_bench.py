@@ -90,7 +90,11 @@ def describe(kwargs: dict | None, device: torch.device) -> tuple[str, str, str]:
         return "-", "-", "-"
     config = dash_fn.DashConfig(**kwargs)
     solver = resolve_solver(config, device)
-    return (f"auto ({solver})" if config.solver == "auto" else solver), str(config.block_size), str(config.inv_root_freq)
+    return (
+        (f"auto ({solver})" if config.solver == "auto" else solver),
+        str(config.block_size),
+        str(config.inv_root_freq),
+    )
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -105,7 +109,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--batch", type=int, default=16, help="sequences in the fixed batch")
     parser.add_argument("--reps", type=int, default=7, help="timed windows per configuration, interleaved round-robin")
     parser.add_argument("--periods", type=int, default=1, help="refresh periods (of the longest one) per timed window")
-    parser.add_argument("--warmup-periods", type=int, default=1, help="whole refresh periods stepped before timing (at least 1: past the first refresh)")
+    parser.add_argument(
+        "--warmup-periods",
+        type=int,
+        default=1,
+        help="whole refresh periods stepped before timing (at least 1: past the first refresh)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads; when not given torch's own")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--quick", action="store_true", help="tiny model, 2 windows: a smoke run")
@@ -117,7 +126,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     device = torch.device(args.device)
 
     torch.manual_seed(0)
-    model = Llama(LlamaConfig(d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads, mlp_hidden=(8 * args.d_model) // 3, context=args.context)).to(device)
+    model = Llama(
+        LlamaConfig(
+            d_model=args.d_model,
+            n_layers=args.n_layers,
+            n_heads=args.n_heads,
+            mlp_hidden=(8 * args.d_model) // 3,
+            context=args.context,
+        )
+    ).to(device)
     grads = fixed_gradients(model, args.batch, device)
     n_params = sum(p.numel() for p in model.parameters())
 
@@ -146,11 +163,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     load_after = os.getloadavg()
 
     adamw = statistics.median(next(r for r in runs if r["kwargs"] is None)["ms"])
-    print(f"Machine: {machine_line(device)}; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after timing.")
     print(
-        f"Model: Llama d_model {args.d_model}, {args.n_layers} layers, {args.n_heads} heads, context {args.context}, batch {args.batch}; "
-        f"{n_params:,} parameters. Eager opt.step() with fixed gradients, lr {LR:g}; {args.reps} windows of {window} steps "
-        f"(whole refresh periods) per configuration, interleaved, after {period * max(1, args.warmup_periods)} warm-up steps.\n"
+        f"Machine: {machine_line(device)}; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after timing."
+    )
+    print(
+        f"Model: Llama d_model {args.d_model}, {args.n_layers} layers, {args.n_heads} heads, context {args.context}, "
+        f"batch {args.batch}; "
+        f"{n_params:,} parameters. Eager opt.step() with fixed gradients, lr {LR:g}; "
+        f"{args.reps} windows of {window} steps "
+        "(whole refresh periods) per configuration, interleaved, "
+        f"after {period * max(1, args.warmup_periods)} warm-up steps.\n"
     )
     print("| configuration | solver | block | inv_root_freq | ms / step (median) | min - max | x AdamW |")
     print("|---|---|---|---|---|---|---|")
@@ -158,9 +180,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for run in runs:
         solver, block, freq = describe(run["kwargs"], device)
         median = statistics.median(run["ms"])
-        row = {"label": run["label"], "solver": solver, "block": block, "inv_root_freq": freq, "ms": median, "min": min(run["ms"]), "max": max(run["ms"]), "ratio": median / adamw}
+        row = {
+            "label": run["label"],
+            "solver": solver,
+            "block": block,
+            "inv_root_freq": freq,
+            "ms": median,
+            "min": min(run["ms"]),
+            "max": max(run["ms"]),
+            "ratio": median / adamw,
+        }
         rows.append(row)
-        print(f"| {row['label']} | {solver} | {block} | {freq} | {median:.2f} | {row['min']:.2f} - {row['max']:.2f} | {row['ratio']:.1f} |")
+        print(
+            f"| {row['label']} | {solver} | {block} | {freq} | {median:.2f} | {row['min']:.2f} - {row['max']:.2f} | "
+            f"{row['ratio']:.1f} |"
+        )
     return rows
 
 

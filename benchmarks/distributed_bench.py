@@ -29,8 +29,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import dash_fn  # noqa: E402
 from dash_fn.distributed import rank_loads  # noqa: E402
-from step_bench import layer_shapes  # noqa: E402
 from state_memory import state_bytes  # noqa: E402
+from step_bench import layer_shapes  # noqa: E402
 
 
 def worker(rank: int, world_size: int, args, init_file: str, out: str) -> None:
@@ -56,22 +56,35 @@ def worker(rank: int, world_size: int, args, init_file: str, out: str) -> None:
     shard = state["shard"]
     loads = rank_loads(state["plan"], shard.counts)
     result = {kind: statistics.median(t) for kind, t in times.items()}
-    result.update(bytes=state_bytes(state), load=loads[rank] / sum(loads), params=sum(x.numel() for x in params.values()))
+    result.update(
+        bytes=state_bytes(state), load=loads[rank] / sum(loads), params=sum(x.numel() for x in params.values())
+    )
     torch.save(result, os.path.join(out, f"rank{rank}.pt"))
     if group is not None:
         dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2], help="numbers of processes W, timed one after the other")
-    parser.add_argument("--d-model", type=int, default=512, help="width of the Llama-like layer (step_bench.py's shapes)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument(
+        "--world-sizes", type=int, nargs="+", default=[1, 2], help="numbers of processes W, timed one after the other"
+    )
+    parser.add_argument(
+        "--d-model", type=int, default=512, help="width of the Llama-like layer (step_bench.py's shapes)"
+    )
     parser.add_argument("--block-size", type=int, default=256, help="DASH block size")
     parser.add_argument("--solver", default="eigh", help="root solver")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    parser.add_argument("--reps", type=int, default=3, help="timed plain and refresh steps per W, after one warm-up round")
+    parser.add_argument(
+        "--reps", type=int, default=3, help="timed plain and refresh steps per W, after one warm-up round"
+    )
     args = parser.parse_args(argv)
-    print(f"d_model {args.d_model}, block {args.block_size}, solver {args.solver}, {args.threads} thread(s) per process, {os.cpu_count()} CPUs, torch {torch.__version__}\n")
+    print(
+        f"d_model {args.d_model}, block {args.block_size}, solver {args.solver}, {args.threads} thread(s) per process, "
+        f"{os.cpu_count()} CPUs, torch {torch.__version__}\n"
+    )
     print("| W | plain ms | refresh ms | root cost per rank | state bytes per rank | state B/param per rank |")
     print("|---|---|---|---|---|---|")
     for world_size in args.world_sizes:

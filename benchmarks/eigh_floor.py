@@ -33,8 +33,8 @@ import time
 import torch
 
 import dash_fn
-from dash_fn.roots import refresh_roots
 from dash_fn.cpu import eigh_root
+from dash_fn.roots import refresh_roots
 
 sys.path.insert(0, os.path.dirname(__file__))
 from machine import machine_line  # noqa: E402
@@ -77,7 +77,10 @@ class Floor:
     def __init__(self, blocks: torch.Tensor, workers: int, reps: int):
         ctx = multiprocessing.get_context("spawn")
         self.start, self.done, self.out = ctx.Barrier(workers + 1), ctx.Barrier(workers + 1), ctx.Queue()
-        self.procs = [ctx.Process(target=_worker, args=(share.clone(), reps, self.start, self.done, self.out)) for share in blocks.chunk(workers)]
+        self.procs = [
+            ctx.Process(target=_worker, args=(share.clone(), reps, self.start, self.done, self.out))
+            for share in blocks.chunk(workers)
+        ]
         for p in self.procs:
             p.start()
 
@@ -123,8 +126,11 @@ def main(argv=None) -> dict:
             times[name].append(timed(fn, 1))
     result = {"floor": statistics.median(floor.seconds()), **{name: statistics.median(t) for name, t in times.items()}}
     print(machine_line())
-    print(f"3 x Linear({args.d_model}, {args.d_model}), block {args.block_size}: {len(blocks)} eighs of "
-          f"{', '.join(f'{s.shape[0]} x {s.shape[-1]}' for s in stacks)}; {workers} workers for the floor; median of {args.reps}")
+    print(
+        f"3 x Linear({args.d_model}, {args.d_model}), block {args.block_size}: {len(blocks)} eighs of "
+        f"{', '.join(f'{s.shape[0]} x {s.shape[-1]}' for s in stacks)}; {workers} workers for the floor; "
+        f"median of {args.reps}"
+    )
     print("| what | ms | / floor |")
     print("|---|---|---|")
     for name, seconds in result.items():

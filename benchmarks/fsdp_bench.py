@@ -60,8 +60,17 @@ MODES = ("exact", "local")
 BYTES = 4  # float32 rows (comm_dtype=None)
 
 # The DASH paper's Llama 953M (as tests/test_distributed.py): 16 layers and two embeddings.
-LLAMA_953M = [(f"l{i}.{name}", shape, torch.float32) for i in range(16) for name, shape in (
-    ("qkv", (6144, 2048)), ("o", (2048, 2048)), ("gate", (5632, 2048)), ("up", (5632, 2048)), ("down", (2048, 5632)))]
+LLAMA_953M = [
+    (f"l{i}.{name}", shape, torch.float32)
+    for i in range(16)
+    for name, shape in (
+        ("qkv", (6144, 2048)),
+        ("o", (2048, 2048)),
+        ("gate", (5632, 2048)),
+        ("up", (5632, 2048)),
+        ("down", (2048, 5632)),
+    )
+]
 LLAMA_953M += [("embed", (32000, 2048), torch.float32), ("head", (32000, 2048), torch.float32)]
 
 
@@ -96,7 +105,10 @@ def root_cost(plan) -> int:
 
 def local_loads(specs, block_size: int, world: int, one_dim: str = "adamw") -> list[int]:
     """Each rank's root cost when its shards are blocked on their own (``fsdp_blocks="local"``)."""
-    return [root_cost(make_plan([(n, local_shape(s, world, k), d) for n, s, d in specs], block_size, one_dim)) for k in range(world)]
+    return [
+        root_cost(make_plan([(n, local_shape(s, world, k), d) for n, s, d in specs], block_size, one_dim))
+        for k in range(world)
+    ]
 
 
 def param_owner_rows(plan, rows, world: int):
@@ -105,8 +117,10 @@ def param_owner_rows(plan, rows, world: int):
     owned rows in ``plan_bands``'s form and the ranks' root loads."""
     load = [0] * world
     owned = [[(0, 0)] * world for _ in plan.params]
-    costs = [sum(r.n_rows * r.n_cols * block_cost(r.block_rows, r.block_cols, p.kind == SEGMENTS) for r in p.regions)
-             for p in plan.params]
+    costs = [
+        sum(r.n_rows * r.n_cols * block_cost(r.block_rows, r.block_cols, p.kind == SEGMENTS) for r in p.regions)
+        for p in plan.params
+    ]
     for i in sorted(range(len(plan.params)), key=lambda i: -costs[i]):
         p = plan.params[i]
         if p.kind in (ADAMW, EMPTY):
@@ -134,16 +148,22 @@ def planner_table(block_size: int, world_sizes: list[int]) -> None:
     model_bytes = numel * BYTES
     total_cost = root_cost(plan)
     one = planner_state_bytes(specs, block_size, 1, "exact")[0]
-    print(f"Planner: the DASH paper's Llama 953M ({len(plan.params)} matrices, {numel:,} parameters, model size "
-          f"{model_bytes:,} bytes in float32; optimizer state {one:,} bytes in one process), block {block_size}, no processes\n")
-    print("| W | scheme | bytes moved per step, total | largest rank sends | / all-to-all of every gradient | straddling bands "
-          "| root-cost load largest / mean | state bytes, largest rank (/ one process's / W) |")
+    print(
+        f"Planner: the DASH paper's Llama 953M ({len(plan.params)} matrices, {numel:,} parameters, model size "
+        f"{model_bytes:,} bytes in float32; optimizer state {one:,} bytes in one process), "
+        f"block {block_size}, no processes\n"
+    )
+    print(
+        "| W | scheme | bytes moved per step, total | largest rank sends | / all-to-all of every gradient "
+        "| straddling bands "
+        "| root-cost load largest / mean | state bytes, largest rank (/ one process's / W) |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for world in world_sizes:
         rows = tuple(shard_rows(p.shape, world) for p in plan.params)
         every = 2 * (world - 1) / world * model_bytes
 
-        def state(sizes):
+        def state(sizes, world=world):
             return f"{max(sizes):,} ({max(sizes) / (one / world):.2f})"
 
         owned, loads = plan_bands(plan, rows, world)
@@ -151,22 +171,37 @@ def planner_table(block_size: int, world_sizes: list[int]) -> None:
         sent = sent_per_rank(plan, rows, owned)
         assert sum(sent) * BYTES == exact
         bands = f"{straddling_bands(plan, rows)} of {len(band_plan(plan, rows))}"
-        print(f"| {world} | dash_fn exact | {exact:,} | {max(sent) * BYTES:,} | {exact / every:.3f} | {bands} "
-              f"| {max(loads) / (sum(loads) / world):.3f} | {state(planner_state_bytes(specs, block_size, world, 'exact'))} |")
+        print(
+            f"| {world} | dash_fn exact | {exact:,} | {max(sent) * BYTES:,} | {exact / every:.3f} | {bands} "
+            f"| {max(loads) / (sum(loads) / world):.3f} | "
+            f"{state(planner_state_bytes(specs, block_size, world, 'exact'))} |"
+        )
         local = local_loads(specs, block_size, world)
-        print(f"| {world} | dash_fn local | 0 | 0 | 0 | 0 | {max(local) / (sum(local) / world):.3f} "
-              f"(total {sum(local) / total_cost:.2f}x one process's) | {state(planner_state_bytes(specs, block_size, world, 'local'))} |")
+        print(
+            f"| {world} | dash_fn local | 0 | 0 | 0 | 0 | {max(local) / (sum(local) / world):.3f} "
+            f"(total {sum(local) / total_cost:.2f}x one process's) | "
+            f"{state(planner_state_bytes(specs, block_size, world, 'local'))} |"
+        )
         owned, loads = param_owner_rows(plan, rows, world)
         sent = sent_per_rank(plan, rows, owned)
         whole = sum(sent) * BYTES
         config = dash_fn.DashConfig(block_size=block_size, solver="eigh")
         from dash_fn.state import make_state
 
-        owner_state = [state_bytes(make_state([s for s, o in zip(specs, owned) if o[k][1] > 0], config, torch.device("meta")))
-                       if any(o[k][1] > 0 for o in owned) else 0 for k in range(world)]
-        print(f"| {world} | whole-parameter owner | {whole:,} | {max(sent) * BYTES:,} | {whole / every:.3f} | - "
-              f"| {max(loads) / (sum(loads) / world):.3f} | {state(owner_state)} |")
-        print(f"| {world} | all-to-all of every gradient: 2 (W-1)/W x model bytes | {every:,.0f} | {every / world:,.0f} (mean) | 1.000 | - | - | - |")
+        owner_state = [
+            state_bytes(make_state([s for s, o in zip(specs, owned) if o[k][1] > 0], config, torch.device("meta")))
+            if any(o[k][1] > 0 for o in owned)
+            else 0
+            for k in range(world)
+        ]
+        print(
+            f"| {world} | whole-parameter owner | {whole:,} | {max(sent) * BYTES:,} | {whole / every:.3f} | - "
+            f"| {max(loads) / (sum(loads) / world):.3f} | {state(owner_state)} |"
+        )
+        print(
+            f"| {world} | all-to-all of every gradient: 2 (W-1)/W x model bytes | {every:,.0f} "
+            f"| {every / world:,.0f} (mean) | 1.000 | - | - | - |"
+        )
     print()
 
 
@@ -180,7 +215,9 @@ def shard_of(full: torch.Tensor, mesh) -> torch.Tensor:
     rank, world = mesh.get_local_rank(0), mesh.size(0)
     chunk = -(-full.shape[0] // world)
     lo, hi = min(rank * chunk, full.shape[0]), min((rank + 1) * chunk, full.shape[0])
-    return DTensor.from_local(full[lo:hi].clone(), mesh, (Shard(0),), run_check=False, shape=full.shape, stride=full.stride())
+    return DTensor.from_local(
+        full[lo:hi].clone(), mesh, (Shard(0),), run_check=False, shape=full.shape, stride=full.stride()
+    )
 
 
 class CountingAllToAll:
@@ -254,10 +291,16 @@ def worker(rank: int, world_size: int, args, d_model: int, init_file: str, out: 
 
 
 def measured_table(args) -> None:
-    print(f"Measured: Llama-like layer (4 x (d, d), (4d, d), (d, 4d)), block {args.block_size}, solver {args.solver}, eager step, "
-          f"gloo, {args.threads} thread(s) per process, {os.cpu_count()} CPUs, torch {torch.__version__}, medians of {args.reps}\n")
-    print("| d_model | W | mode | straddling bands | plain ms | refresh ms | root cost per rank | state bytes per rank "
-          "| state B/param per rank | bytes moved per step per rank (sent) | bytes moved per step, total |")
+    print(
+        f"Measured: Llama-like layer (4 x (d, d), (4d, d), (d, 4d)), block {args.block_size}, "
+        f"solver {args.solver}, eager step, "
+        f"gloo, {args.threads} thread(s) per process, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"medians of {args.reps}\n"
+    )
+    print(
+        "| d_model | W | mode | straddling bands | plain ms | refresh ms | root cost per rank | state bytes per rank "
+        "| state B/param per rank | bytes moved per step per rank (sent) | bytes moved per step, total |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for d_model in args.d_model:
         for world_size in args.world_sizes:
@@ -270,29 +313,51 @@ def measured_table(args) -> None:
                 sent = [r["sent"] * BYTES for r in rs]
                 counted = sum(r["counted"] for r in rs) * BYTES
                 if counted != total or sum(sent) != total:
-                    raise RuntimeError(f"d_model {d_model}, W {world_size}, {mode}: planned {total} bytes per step, "
-                                       f"per-rank sum {sum(sent)}, the all-to-alls sent {counted}")
+                    raise RuntimeError(
+                        f"d_model {d_model}, W {world_size}, {mode}: planned {total} bytes per step, "
+                        f"per-rank sum {sum(sent)}, the all-to-alls sent {counted}"
+                    )
                 plain = max(r["plain"] for r in rs) * 1e3
                 refresh = max(r["refresh"] for r in rs) * 1e3
                 costs = ", ".join(f"{r['cost']:.2f}" for r in rs)
                 sizes = ", ".join(f"{r['bytes']:,}" for r in rs)
                 per_param = ", ".join(f"{r['bytes'] / r['params']:.2f}" for r in rs)
-                print(f"| {d_model} | {world_size} | {mode} | {rs[0]['straddling']} | {plain:.1f} | {refresh:.1f} | {costs} | {sizes} "
-                      f"| {per_param} | {', '.join(f'{s:,}' for s in sent)} | {total:,} |", flush=True)
+                print(
+                    f"| {d_model} | {world_size} | {mode} | {rs[0]['straddling']} | {plain:.1f} | {refresh:.1f} | "
+                    f"{costs} | {sizes} "
+                    f"| {per_param} | {', '.join(f'{s:,}' for s in sent)} | {total:,} |",
+                    flush=True,
+                )
     print()
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2], help="numbers of processes W, timed one after the other")
-    parser.add_argument("--d-model", type=int, nargs="+", default=[512, 384], help="widths of the Llama-like layer (step_bench.py's shapes)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument(
+        "--world-sizes", type=int, nargs="+", default=[1, 2], help="numbers of processes W, timed one after the other"
+    )
+    parser.add_argument(
+        "--d-model",
+        type=int,
+        nargs="+",
+        default=[512, 384],
+        help="widths of the Llama-like layer (step_bench.py's shapes)",
+    )
     parser.add_argument("--block-size", type=int, default=256, help="DASH block size")
     parser.add_argument("--solver", default="eigh", help="root solver")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    parser.add_argument("--reps", type=int, default=10, help="timed plain and refresh steps (median), after one warm-up round")
-    parser.add_argument("--planner-only", action="store_true", help="print only the Llama 953M planner table (no processes)")
+    parser.add_argument(
+        "--reps", type=int, default=10, help="timed plain and refresh steps (median), after one warm-up round"
+    )
+    parser.add_argument(
+        "--planner-only", action="store_true", help="print only the Llama 953M planner table (no processes)"
+    )
     parser.add_argument("--planner-block-size", type=int, default=1024, help="block size of the planner table")
-    parser.add_argument("--planner-world-sizes", type=int, nargs="+", default=[8, 64], help="world sizes of the planner table")
+    parser.add_argument(
+        "--planner-world-sizes", type=int, nargs="+", default=[8, 64], help="world sizes of the planner table"
+    )
     args = parser.parse_args(argv)
     if not args.planner_only:
         measured_table(args)

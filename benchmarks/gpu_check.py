@@ -37,7 +37,13 @@ from step_bench import bench, markdown, matmul_peak, speedups  # noqa: E402
 from syncs import SyncCounter  # noqa: E402
 
 # One transformer layer of Llama 953M (docs/ALGORITHM.md 3.2): fused qkv, o, gate, up, down.
-LLAMA_953M_LAYER = {"qkv": (6144, 2048), "o": (2048, 2048), "gate": (5632, 2048), "up": (5632, 2048), "down": (2048, 5632)}
+LLAMA_953M_LAYER = {
+    "qkv": (6144, 2048),
+    "o": (2048, 2048),
+    "gate": (5632, 2048),
+    "up": (5632, 2048),
+    "down": (2048, 5632),
+}
 TINY_LAYER = {"qkv": (96, 32), "o": (32, 32), "gate": (88, 32), "up": (88, 32), "down": (32, 88)}
 CHECK_CONFIG = dict(solver="ndb", inv_root_freq=2, mu=0.5)  # the guard (skip_nonfinite) is on by default
 
@@ -61,7 +67,9 @@ def no_syncs_allowed(device: torch.device):
 
 def model_and_data(device: torch.device, width: int):
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(width, 2 * width), torch.nn.Tanh(), torch.nn.Linear(2 * width, width)).to(device)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(width, 2 * width), torch.nn.Tanh(), torch.nn.Linear(2 * width, width)
+    ).to(device)
     data = [torch.randn(32, width, generator=torch.Generator().manual_seed(t)).to(device) for t in range(8)]
     return model, data
 
@@ -69,10 +77,14 @@ def model_and_data(device: torch.device, width: int):
 def sync_checks(device: torch.device, width: int, block: int, cuda_graphs: dict) -> list[tuple[str, str]]:
     """(check, result) of steady-state steps that must not sync."""
     rows = []
-    for name, compile in (("adapter, eager", False), ("adapter, compiled" + (" + CUDA graphs" if device.type == "cuda" else ""), cuda_graphs)):
+    for name, compile in (
+        ("adapter, eager", False),
+        ("adapter, compiled" + (" + CUDA graphs" if device.type == "cuda" else ""), cuda_graphs),
+    ):
         model, data = model_and_data(device, width)
         opt = dash_fn.DASH(model.parameters(), lr=1e-2, block_size=block, compile=compile, **CHECK_CONFIG)
-        rows.append((name, run_checked(device, [lambda x=x: adapter_step(model, opt, x) for x in data], compiled=bool(compile))))
+        steps = [lambda x=x, model=model, opt=opt: adapter_step(model, opt, x) for x in data]
+        rows.append((name, run_checked(device, steps, compiled=bool(compile))))
     model, data = model_and_data(device, width)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     config = dash_fn.DashConfig(block_size=block, **CHECK_CONFIG)
@@ -85,7 +97,12 @@ def sync_checks(device: torch.device, width: int, block: int, cuda_graphs: dict)
         grads = {k: torch.randn_like(v) for k, v in params.items()}
         params, state = compiled(params, grads, state, lr=lr, refresh=dash_fn.is_refresh_step(config, t))
 
-    rows.append(("functional step, compiled" + (" + CUDA graphs" if device.type == "cuda" else ""), run_checked(device, [lambda t=t: functional(t) for t in range(1, 9)], compiled=True)))
+    rows.append(
+        (
+            "functional step, compiled" + (" + CUDA graphs" if device.type == "cuda" else ""),
+            run_checked(device, [lambda t=t: functional(t) for t in range(1, 9)], compiled=True),
+        )
+    )
     return rows
 
 
@@ -126,15 +143,25 @@ def accuracy(device: torch.device, shapes: dict, block: int, solver: str, steps:
             params = {k: v.to(where, dtype) for k, v in start.items()}
             state = dash_fn.init(params, config)
             for t, g in enumerate(grads, 1):
-                params, state = dash_fn.step(params, {k: v.to(where, dtype) for k, v in g.items()}, state, lr=1e-2, refresh=dash_fn.is_refresh_step(config, t))
+                params, state = dash_fn.step(
+                    params,
+                    {k: v.to(where, dtype) for k, v in g.items()},
+                    state,
+                    lr=1e-2,
+                    refresh=dash_fn.is_refresh_step(config, t),
+                )
         results.append({k: v.cpu().double() for k, v in params.items()})
     got, want = results
     return max(float((got[k] - want[k]).norm() / want[k].norm()) for k in want)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, aot_eager, the accelerator strategy simulated")
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="CPU, tiny shapes, aot_eager, the accelerator strategy simulated"
+    )
     parser.add_argument("--solver", nargs="+", default=["ndb", "eigh"], help="root solvers to time")
     parser.add_argument("--reps", type=int, default=10, help="timed steps per row (median; 1 with --dry-run)")
     parser.add_argument("--out", help="also write the report (markdown) to this file")
@@ -168,10 +195,20 @@ def run(args) -> str:
     torch._dynamo.utils.counters.clear()
     checks = sync_checks(device, width, min(block, 256), cuda_graphs)
     skips = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
-    checks.append(("CUDA-graph skips (Inductor's counter)", str(skips) if device.type == "cuda" else "n/a (no CUDA graphs on CPU)"))
+    checks.append(
+        (
+            "CUDA-graph skips (Inductor's counter)",
+            str(skips) if device.type == "cuda" else "n/a (no CUDA graphs on CPU)",
+        )
+    )
     small = {k: (r // 4, c // 4) for k, (r, c) in shapes.items()} if device.type == "cuda" else shapes
     for solver in ("ndb", "eigh"):
-        checks.append((f"{solver}: float32 on {device.type} vs float64 on CPU, 12 steps, max relative difference", f"{accuracy(device, small, min(block, 256), solver):.1e}"))
+        checks.append(
+            (
+                f"{solver}: float32 on {device.type} vs float64 on CPU, 12 steps, max relative difference",
+                f"{accuracy(device, small, min(block, 256), solver):.1e}",
+            )
+        )
     lines += ["| check | result |", "|---|---|", *[f"| {check} | {result} |" for check, result in checks], ""]
     torch._dynamo.reset()
     peak = matmul_peak(device)

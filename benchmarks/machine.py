@@ -16,5 +16,9 @@ def machine_line(device: torch.device | None = None) -> str:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    where = torch.cuda.get_device_name(device) if device is not None and device.type == "cuda" else f"{os.cpu_count()} CPUs ({cpu})"
+    where = (
+        torch.cuda.get_device_name(device)
+        if device is not None and device.type == "cuda"
+        else f"{os.cpu_count()} CPUs ({cpu})"
+    )
     return f"{where}, torch {torch.__version__}, {torch.get_num_threads()} threads, Python {platform.python_version()}"

@@ -34,7 +34,9 @@ class PeakMemory(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        inputs = {x.untyped_storage().data_ptr() for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)}
+        inputs = {
+            x.untyped_storage().data_ptr() for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)
+        }
         for x in tree_flatten(out)[0]:
             if isinstance(x, torch.Tensor):
                 storage = x.untyped_storage()

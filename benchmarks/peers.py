@@ -85,15 +85,17 @@ import subprocess
 import sys
 import time
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 import dash_fn
 
 FREQS = (1, 10)
-HEADER = "| optimizer | every step refreshes (freq 1) ms | freq 10, mean ms | plain step (no refresh) ms | state B/param |"
+HEADER = (
+    "| optimizer | every step refreshes (freq 1) ms | freq 10, mean ms | plain step (no refresh) ms | state B/param |"
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,7 +154,22 @@ def tensor_bytes(root, exclude: set[int]) -> int:
             if s.data_ptr() not in exclude:
                 storages[s.data_ptr()] = max(storages.get(s.data_ptr(), 0), s.nbytes())
             return
-        if isinstance(obj, (str, bytes, int, float, bool, type(None), type, types.ModuleType, types.FunctionType, types.MethodType, types.BuiltinFunctionType)):
+        if isinstance(
+            obj,
+            (
+                str,
+                bytes,
+                int,
+                float,
+                bool,
+                type(None),
+                type,
+                types.ModuleType,
+                types.FunctionType,
+                types.MethodType,
+                types.BuiltinFunctionType,
+            ),
+        ):
             return
         if hasattr(obj, "values") and callable(obj.values) and hasattr(obj, "keys"):
             try:
@@ -168,7 +185,9 @@ def tensor_bytes(root, exclude: set[int]) -> int:
             return
         if isinstance(obj, torch.optim.Optimizer):
             return  # only its .state is walked (by the caller)
-        for v in list(getattr(obj, "__dict__", {}).values()) + [getattr(obj, k, None) for k in getattr(type(obj), "__slots__", ())]:
+        for v in list(getattr(obj, "__dict__", {}).values()) + [
+            getattr(obj, k, None) for k in getattr(type(obj), "__slots__", ())
+        ]:
             walk(v, depth + 1)  # plain objects and dataclasses (Distributed Shampoo's factor states)
 
     walk(root, 0)
@@ -207,7 +226,13 @@ def split_params(params: dict) -> tuple[list, list]:
 def build_dash(compile: bool):
     def build(params, freq, args):
         return dash_fn.DASH(
-            list(params.values()), lr=1e-3, compile=compile, block_size=args.block_size, solver="eigh", inv_root_freq=freq, start_prec_step=args.start
+            list(params.values()),
+            lr=1e-3,
+            compile=compile,
+            block_size=args.block_size,
+            solver="eigh",
+            inv_root_freq=freq,
+            start_prec_step=args.start,
         )
 
     return build
@@ -303,7 +328,14 @@ def build_adamw(params, freq, args):
 
 
 PEERS = [
-    Peer("dash-compiled", "dash_fn.DASH compile=True (inductor)", None, build_dash(True), True, "freq 1: inv_root_freq=1 (eigh roots of every block each step); freq 10: inv_root_freq=10."),
+    Peer(
+        "dash-compiled",
+        "dash_fn.DASH compile=True (inductor)",
+        None,
+        build_dash(True),
+        True,
+        "freq 1: inv_root_freq=1 (eigh roots of every block each step); freq 10: inv_root_freq=10.",
+    ),
     Peer("dash-eager", "dash_fn.DASH eager", None, build_dash(False), True, "as the compiled row."),
     Peer(
         "distributed-shampoo",
@@ -311,7 +343,8 @@ PEERS = [
         "distributed_shampoo",
         build_distributed_shampoo,
         True,
-        "precondition_frequency=1 / 10: eigh inverse roots of every block; factors and roots kept as packed upper triangles (its default).",
+        "precondition_frequency=1 / 10: eigh inverse roots of every block; "
+        "factors and roots kept as packed upper triangles (its default).",
     ),
     Peer(
         "soap",
@@ -319,7 +352,8 @@ PEERS = [
         "heavyball",
         build_soap,
         True,
-        "precondition_frequency=1 / 10: the eigenbasis update (power step + QR per factor, not eigh); Adam runs in the basis every step.",
+        "precondition_frequency=1 / 10: the eigenbasis update (power step + QR per factor, not eigh); "
+        "Adam runs in the basis every step.",
     ),
     Peer(
         "psgd-kron",
@@ -327,7 +361,8 @@ PEERS = [
         "heavyball",
         build_psgd_kron,
         True,
-        "preconditioner_update_probability=1.0 / 0.1 (deterministic accumulation: every step / every 10th): the Q update, no root.",
+        "preconditioner_update_probability=1.0 / 0.1 (deterministic accumulation: every step / every 10th): "
+        "the Q update, no root.",
     ),
     Peer(
         "scalable-shampoo",
@@ -335,9 +370,17 @@ PEERS = [
         "pytorch_optimizer",
         build_scalable_shampoo,
         True,
-        "preconditioning_compute_steps=1 / 10: coupled Schur-Newton inverse roots of every block (its default; no eigh).",
+        "preconditioning_compute_steps=1 / 10: coupled Schur-Newton inverse roots of every block "
+        "(its default; no eigh).",
     ),
-    Peer("muon", "torch.optim.Muon (+ AdamW for biases)", None, build_muon, False, "no refresh: Newton-Schulz every step; one number in all columns."),
+    Peer(
+        "muon",
+        "torch.optim.Muon (+ AdamW for biases)",
+        None,
+        build_muon,
+        False,
+        "no refresh: Newton-Schulz every step; one number in all columns.",
+    ),
     Peer("adamw", "torch AdamW (foreach)", None, build_adamw, False, "no refresh; one number in all columns."),
 ]
 
@@ -368,7 +411,9 @@ def version_of(peer: Peer) -> str:
     dist = {"distributed_shampoo": "torch-shampoo"}.get(peer.module, peer.module)
     text = f"{dist} {version_or(dist)}"
     if peer.module == "distributed_shampoo":
-        commit = git_commit(os.path.dirname(os.path.dirname(os.path.abspath(sys.modules["distributed_shampoo"].__file__))))
+        commit = git_commit(
+            os.path.dirname(os.path.dirname(os.path.abspath(sys.modules["distributed_shampoo"].__file__)))
+        )
         text += f", git {commit}" if commit else ""
     return text
 
@@ -382,7 +427,9 @@ def version_or(dist: str) -> str:
 
 def git_commit(path: str) -> str | None:
     try:
-        out = subprocess.run(["git", "-C", path, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "-C", path, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None
@@ -435,7 +482,10 @@ def machine_line(load) -> str:
             model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
     except OSError:
         pass
-    return f"{model}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads, load average {load}"
+    return (
+        f"{model}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"load average {load}"
+    )
 
 
 def loadavg() -> str:
@@ -447,17 +497,33 @@ def loadavg() -> str:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--d-model", type=int, default=1024, help="the model is 3 x Linear(d_model, d_model) with bias")
-    parser.add_argument("--block-size", type=int, default=256, help="preconditioner block size (max_preconditioner_dim, ...)")
-    parser.add_argument("--start", type=int, default=10, help="the step preconditioning starts at (>= 10: Distributed Shampoo needs start >= frequency)")
+    parser.add_argument(
+        "--block-size", type=int, default=256, help="preconditioner block size (max_preconditioner_dim, ...)"
+    )
+    parser.add_argument(
+        "--start",
+        type=int,
+        default=10,
+        help="the step preconditioning starts at (>= 10: Distributed Shampoo needs start >= frequency)",
+    )
     parser.add_argument("--reps", type=int, default=7, help="round-robin repetitions (medians reported)")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (when not given: torch's choice)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch.set_num_threads (when not given: torch's choice)"
+    )
     parser.add_argument("--quick", action="store_true", help="tiny sizes (d_model 64, block 32, 2 reps): a smoke run")
     keys = [p.key for p in PEERS]
     parser.add_argument("--only", nargs="+", choices=keys, metavar="ROW", help=f"run only these rows, of {keys}")
     parser.add_argument("--skip", nargs="+", choices=keys, default=[], metavar="ROW", help="leave these rows out")
-    parser.add_argument("--retain-freed-memory", action="store_true", help="call dash_fn.retain_freed_cpu_memory() first: the process (every row alike) reuses freed memory instead of faulting it in again")
+    parser.add_argument(
+        "--retain-freed-memory",
+        action="store_true",
+        help="call dash_fn.retain_freed_cpu_memory() first: the process (every row alike) reuses freed memory instead "
+        "of faulting it in again",
+    )
     args = parser.parse_args(argv)
     if args.retain_freed_memory and not dash_fn.retain_freed_cpu_memory():
         parser.error("--retain-freed-memory: the C library is not glibc")
@@ -470,8 +536,16 @@ def main(argv=None) -> None:
         torch.set_num_threads(args.threads)
     load_start = loadavg()
     print(f"machine: {machine_line(load_start)} (at start)")
-    print(f"model: 3 x Linear({args.d_model}, {args.d_model}) with bias, block {args.block_size}, preconditioning from step {args.start}, {args.reps} round-robin reps, medians")
-    print(f"allocator: {'dash_fn.retain_freed_cpu_memory() (freed memory kept for reuse)' if args.retain_freed_memory else 'glibc defaults (freed memory may go back to the OS)'}")
+    print(
+        f"model: 3 x Linear({args.d_model}, {args.d_model}) with bias, block {args.block_size}, "
+        f"preconditioning from step {args.start}, {args.reps} round-robin reps, medians"
+    )
+    allocator = (
+        "dash_fn.retain_freed_cpu_memory() (freed memory kept for reuse)"
+        if args.retain_freed_memory
+        else "glibc defaults (freed memory may go back to the OS)"
+    )
+    print(f"allocator: {allocator}")
 
     peers = [dataclasses.replace(p, name=p.name.format(block=args.block_size)) for p in PEERS]
     chosen = [p for p in peers if (args.only is None or p.key in args.only) and p.key not in args.skip]
@@ -514,7 +588,10 @@ def main(argv=None) -> None:
     print(f"machine: {machine_line(load_end)} (at end; {load_start} at start)")
     other = float(load_start.split()[0]) if load_start != "n/a" else 0.0  # the end includes this run's own threads
     if other > (os.cpu_count() or 1):
-        print(f"note: the 1-minute load average at start ({other:.2f}) exceeded the {os.cpu_count()} cores: these figures were measured under load")
+        print(
+            f"note: the 1-minute load average at start ({other:.2f}) exceeded the {os.cpu_count()} cores: "
+            "these figures were measured under load"
+        )
 
 
 if __name__ == "__main__":

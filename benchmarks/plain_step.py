@@ -12,8 +12,9 @@ stacks of the step's own shapes (torch.bmm on random blocks), the compiled adapt
 (``DASH(compile=True)``, Inductor) and the eager one, and prints each step's ratio to the
 products. Each repetition runs ``--window`` consecutive calls of one kind, as training does
 (single calls squeezed between the other kinds measured slower: the compiled step 48 ms
-instead of 34, the products 23 instead of 17, at the default sizes; the cause is not known). The roots are refreshed once (step 1) and never again, so every timed step is plain;
-the gradients are fixed and written into ``.grad`` outside the timed region.
+instead of 34, the products 23 instead of 17, at the default sizes; the cause is not known).
+The roots are refreshed once (step 1) and never again, so every timed step is plain; the
+gradients are fixed and written into ``.grad`` outside the timed region.
 """
 
 from __future__ import annotations
@@ -58,7 +59,9 @@ def adapter(d: int, block: int, layers: int, compile: bool | dict):
     torch.manual_seed(0)
     params = [p for _ in range(layers) for p in torch.nn.Linear(d, d).parameters()]
     grads = [torch.randn_like(p) * 1e-2 for p in params]
-    opt = dash_fn.DASH(params, lr=1e-3, compile=compile, block_size=block, solver="eigh", start_prec_step=1, inv_root_freq=10**9)
+    opt = dash_fn.DASH(
+        params, lr=1e-3, compile=compile, block_size=block, solver="eigh", start_prec_step=1, inv_root_freq=10**9
+    )
 
     def run():
         for p, g in zip(params, grads):
@@ -88,16 +91,33 @@ def page_faults() -> int:
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--d-model", type=int, default=1024, help="the model is LAYERS x Linear(d_model, d_model) with bias")
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument(
+        "--d-model", type=int, default=1024, help="the model is LAYERS x Linear(d_model, d_model) with bias"
+    )
     parser.add_argument("--layers", type=int, default=3, help="number of Linear layers")
     parser.add_argument("--block-size", type=int, default=256, help="DASH block size")
     parser.add_argument("--reps", type=int, default=7, help="round-robin repetitions (medians reported)")
-    parser.add_argument("--window", type=int, default=10, help="consecutive calls per repetition, as in training (their median is the repetition's time)")
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=10,
+        help="consecutive calls per repetition, as in training (their median is the repetition's time)",
+    )
     parser.add_argument("--backend", default="inductor", help="torch.compile backend of the compiled step")
-    parser.add_argument("--profile", action="store_true", help="print the eager and compiled steps' top operators and Inductor kernels (torch.profiler)")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="print the eager and compiled steps' top operators and Inductor kernels (torch.profiler)",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny sizes (d_model 64, block 32, 3 reps): a smoke run")
-    parser.add_argument("--retain-freed-memory", action="store_true", help="call dash_fn.retain_freed_cpu_memory() first (glibc keeps freed memory: no page faults)")
+    parser.add_argument(
+        "--retain-freed-memory",
+        action="store_true",
+        help="call dash_fn.retain_freed_cpu_memory() first (glibc keeps freed memory: no page faults)",
+    )
     args = parser.parse_args(argv)
     if args.retain_freed_memory and not dash_fn.retain_freed_cpu_memory():
         raise SystemExit("--retain-freed-memory: the C library is not glibc")
@@ -123,15 +143,19 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             faults[name].append((page_faults() - before) / args.window)
     ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
     print(
-        f"{args.layers} x Linear({args.d_model}, {args.d_model}) + bias, block {args.block_size} ({len(shapes)} blocks); "
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, load {load:.2f} at start; medians of {args.reps} round-robin "
+        f"{args.layers} x Linear({args.d_model}, {args.d_model}) + bias, "
+        f"block {args.block_size} ({len(shapes)} blocks); "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, load {load:.2f} at start; "
+        f"medians of {args.reps} round-robin "
         f"repetitions of {args.window} consecutive calls; "
         f"{'dash_fn.retain_freed_cpu_memory()' if args.retain_freed_memory else 'default glibc malloc settings'}\n"
     )
     print("| what | ms | x products | page faults per call |")
     print("|---|---|---|---|")
     for name, value in ms.items():
-        print(f"| {name} | {value:.2f} | {value / ms['batched products']:.2f} | {statistics.median(faults[name]):.0f} |")
+        print(
+            f"| {name} | {value:.2f} | {value / ms['batched products']:.2f} | {statistics.median(faults[name]):.0f} |"
+        )
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 

@@ -55,19 +55,34 @@ def measure(operands, whole: bool) -> tuple[int, float]:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--d-model", type=int, default=2048, help="width of the Llama-like layer")
     parser.add_argument("--block-size", type=int, default=1024, help="DASH block size")
-    parser.add_argument("--solver", nargs="+", default=["eigh", "ndb", "cn", "chebyshev"], help="root solvers to measure")
-    parser.add_argument("--floor-mib", type=float, default=roots.SMALL_WORKSPACE / 2**20, help="temporaries below this are never chunked (dash_fn.roots.SMALL_WORKSPACE)")
+    parser.add_argument(
+        "--solver", nargs="+", default=["eigh", "ndb", "cn", "chebyshev"], help="root solvers to measure"
+    )
+    parser.add_argument(
+        "--floor-mib",
+        type=float,
+        default=roots.SMALL_WORKSPACE / 2**20,
+        help="temporaries below this are never chunked (dash_fn.roots.SMALL_WORKSPACE)",
+    )
     parser.add_argument("--quick", action="store_true", help="d_model 64, block 32, no floor: a smoke run")
     args = parser.parse_args(argv)
     if args.quick:
         args.d_model, args.block_size, args.floor_mib = 64, 32, 0.0
     roots.SMALL_WORKSPACE = int(args.floor_mib * 2**20)
 
-    print(f"Llama-like layer, d_model {args.d_model}, block {args.block_size}, chunking floor {args.floor_mib:g} MiB; torch {torch.__version__}, {torch.get_num_threads()} threads\n")
-    print("| solver | stack (K x b x b) | stack MiB | chunk (blocks) | chunked peak MiB | stacks | whole-stack peak MiB | stacks | chunked s | whole s |")
+    print(
+        f"Llama-like layer, d_model {args.d_model}, block {args.block_size}, chunking floor {args.floor_mib:g} MiB; "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads\n"
+    )
+    print(
+        "| solver | stack (K x b x b) | stack MiB | chunk (blocks) | chunked peak MiB | stacks | whole-stack peak MiB "
+        "| stacks | chunked s | whole s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     rows = []
     for solver in args.solver:
@@ -81,7 +96,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows.append(row)
         mib = 2**20
         print(
-            f"| {solver} | {F.shape[0]} x {F.shape[1]} x {F.shape[2]} | {stack / mib:.1f} | {chunk} | {chunked / mib:.1f} | {chunked / stack:.2f} "
+            f"| {solver} | {F.shape[0]} x {F.shape[1]} x {F.shape[2]} | {stack / mib:.1f} | {chunk} | "
+            f"{chunked / mib:.1f} | {chunked / stack:.2f} "
             f"| {whole / mib:.1f} | {whole / stack:.2f} | {chunked_s:.1f} | {whole_s:.1f} |",
             flush=True,
         )

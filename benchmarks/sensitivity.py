@@ -1,7 +1,8 @@
 """How far one DASH update moves when one gradient entry moves by one ulp, per solver and eps;
 and (``--determinism``) the race that made examples/train_lm.py irreproducible, and its cure's cost.
 
-    python benchmarks/sensitivity.py                         # solvers eigh, ndb, cn x eps 1e-10, 1e-8, 1e-6 (13 min on 2 busy cores)
+    python benchmarks/sensitivity.py                         # solvers eigh, ndb, cn x eps 1e-10, 1e-8, 1e-6
+                                                             # (13 min on 2 busy cores)
     python benchmarks/sensitivity.py --solvers eigh --eps 1e-10 1e-4
     python benchmarks/sensitivity.py --determinism           # the race, and deterministic mode's cost (~3 min)
 
@@ -85,7 +86,11 @@ def sensitivity(solver: str, eps: float, warmup: int, train_data, trials_seed: i
     matrices = [k for k, v in params.items() if v.ndim >= 2]
     gen = torch.Generator().manual_seed(trials_seed)
     out = {"control": 0.0}
-    refresh = next(t for t in range(warmup + 1, warmup + 1 + config.inv_root_freq + config.start_prec_step) if dash_fn.is_refresh_step(config, t))
+    refresh = next(
+        t
+        for t in range(warmup + 1, warmup + 1 + config.inv_root_freq + config.start_prec_step)
+        if dash_fn.is_refresh_step(config, t)
+    )
     for t in range(1, refresh + 2):
         lr = lr_at(t, STEPS, PEAK_LR, WARMUP_LR)
         grads, _ = grad_fn(params, batch_at(train_data, t, BATCH, CONTEXT, 0))
@@ -107,7 +112,10 @@ def sensitivity(solver: str, eps: float, warmup: int, train_data, trials_seed: i
 
 def ulp_table(args) -> None:
     train_data, _ = stdlib_corpus(4_000_000)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.warmup} steps before the measured refresh; one float32 ulp = 2^-23 = {2.0**-23:.1e} relative")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; "
+        f"{args.warmup} steps before the measured refresh; one float32 ulp = 2^-23 = {2.0**-23:.1e} relative"
+    )
     print("\n| solver | eps | refresh step: max (median) change | next step, roots kept: max (median) | control | s |")
     print("|---|---|---|---|---|---|")
     for solver in args.solvers:
@@ -115,7 +123,11 @@ def ulp_table(args) -> None:
             start = time.perf_counter()
             r = sensitivity(solver, eps, args.warmup, train_data)
             fmt = lambda xs: f"{max(xs)[0]:.1e} ({statistics.median(x for x, _ in xs):.1e}; max at {max(xs)[1]})"
-            print(f"| {solver} | {eps:g} | {fmt(r['refresh'])} | {fmt(r['kept'])} | {r['control']:g} | {time.perf_counter() - start:.0f} |", flush=True)
+            print(
+                f"| {solver} | {eps:g} | {fmt(r['refresh'])} | {fmt(r['kept'])} | {r['control']:g} | "
+                f"{time.perf_counter() - start:.0f} |",
+                flush=True,
+            )
 
 
 def determinism(args) -> None:
@@ -137,7 +149,10 @@ def determinism(args) -> None:
             for k, g in grads.items():
                 seen[k].add(hashlib.sha1(g.numpy().tobytes()).hexdigest())
         varying = {k: len(v) for k, v in seen.items() if len(v) > 1}
-        print(f"deterministic={det}: {args.repeats} calls on the same inputs; gradients with more than one bit pattern: {varying or 'none'}")
+        print(
+            f"deterministic={det}: {args.repeats} calls on the same inputs; gradients with more than one bit pattern: "
+            f"{varying or 'none'}"
+        )
     lr = torch.tensor(0.0)
     leaves = {k: v.clone() for k, v in params.items()}  # train_lm's AdamW: foreach, betas (0.9, 0.95)
     adamw = torch.optim.AdamW(list(leaves.values()), lr=0.0, betas=(0.9, 0.95), weight_decay=0.0, foreach=True)
@@ -170,22 +185,43 @@ def determinism(args) -> None:
                     if block:
                         times[optimizer, det].append(time.perf_counter() - start)
     torch.use_deterministic_algorithms(False)
-    print(f"\ntrain_lm's step (compiled gradient, then the compiled DASH step with roots every 10 steps or foreach AdamW), {args.blocks} blocks of 10 steps per mode and optimizer, interleaved:")
+    print(
+        "\ntrain_lm's step (compiled gradient, then the compiled DASH step with roots every 10 steps or foreach "
+        f"AdamW), {args.blocks} blocks of 10 steps per mode and optimizer, interleaved:"
+    )
     for optimizer in ("dash", "adamw"):
         for det in (False, True):
             ms = sorted(1e3 * x for x in times[optimizer, det])
-            print(f"  {optimizer:5s} deterministic={det!s:5s}: median {statistics.median(ms):.1f} ms, mean {statistics.mean(ms):.1f} ms, 10th-90th percentile {ms[len(ms) // 10]:.1f}-{ms[9 * len(ms) // 10]:.1f} ms ({len(ms)} steps)")
+            print(
+                f"  {optimizer:5s} deterministic={det!s:5s}: median {statistics.median(ms):.1f} ms, "
+                f"mean {statistics.mean(ms):.1f} ms, 10th-90th percentile "
+                f"{ms[len(ms) // 10]:.1f}-{ms[9 * len(ms) // 10]:.1f} ms ({len(ms)} steps)"
+            )
         ratio = statistics.median(times[optimizer, True]) / statistics.median(times[optimizer, False])
         print(f"  {optimizer:5s} median ratio deterministic / default: {ratio:.3f}")
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--solvers", nargs="+", default=["eigh", "ndb", "cn"], help="root solvers")
     parser.add_argument("--eps", type=float, nargs="+", default=[1e-10, 1e-8, 1e-6], help="DashConfig.eps values")
-    parser.add_argument("--warmup", type=int, default=9, help="train steps before the first measured step, the next root refresh (roots refresh at steps 1, 10, 20, ...)")
-    parser.add_argument("--determinism", action="store_true", help="instead: the compiled gradient's race, and deterministic mode's step time")
-    parser.add_argument("--repeats", type=int, default=10, help="--determinism: calls of the compiled gradient per mode")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=9,
+        help="train steps before the first measured step, the next root refresh "
+        "(roots refresh at steps 1, 10, 20, ...)",
+    )
+    parser.add_argument(
+        "--determinism",
+        action="store_true",
+        help="instead: the compiled gradient's race, and deterministic mode's step time",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=10, help="--determinism: calls of the compiled gradient per mode"
+    )
     parser.add_argument("--blocks", type=int, default=10, help="--determinism: timed blocks of 10 steps per mode")
     args = parser.parse_args(argv)
     if args.determinism:

@@ -27,12 +27,18 @@ class SequentialShampoo:
             for r0 in range(0, R, B):
                 for c0 in range(0, C, B):
                     r, c = min(B, R - r0), min(B, C - c0)
-                    zeros = lambda *s: torch.zeros(s, device=W.device)
-                    entries.append({
-                        "where": (r0, r0 + r, c0, c0 + c),
-                        "L": zeros(r, r), "R": zeros(c, c), "A": zeros(r, c), "Gt": zeros(r, c),
-                        "Lbar": torch.eye(r, device=W.device), "Rbar": torch.eye(c, device=W.device),
-                    })
+                    zeros = lambda *s, device=W.device: torch.zeros(s, device=device)
+                    entries.append(
+                        {
+                            "where": (r0, r0 + r, c0, c0 + c),
+                            "L": zeros(r, r),
+                            "R": zeros(c, c),
+                            "A": zeros(r, c),
+                            "Gt": zeros(r, c),
+                            "Lbar": torch.eye(r, device=W.device),
+                            "Rbar": torch.eye(c, device=W.device),
+                        }
+                    )
                     for size in (r, c):
                         if uses_start_vectors(config, config.solver) and size not in self.start:
                             self.start[size] = start_vectors(size, config, device=W.device)

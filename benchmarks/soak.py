@@ -154,17 +154,35 @@ class Run:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=10_000, help="training steps")
-    parser.add_argument("--every", type=int, default=100, help="one fault per window of this many steps (the first window is the warm-up)")
+    parser.add_argument(
+        "--every",
+        type=int,
+        default=100,
+        help="one fault per window of this many steps (the first window is the warm-up)",
+    )
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="fault kinds, injected in turn")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (one is fastest for this model on a shared CPU; restored on return)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (one is fastest for this model on a shared CPU; restored on return)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the fault schedule, the batches and the model")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend (inductor or aot_eager)")
-    parser.add_argument("--compare", action=argparse.BooleanOptionalAction, default=True, help="also run a fault-free copy in lockstep")
+    parser.add_argument(
+        "--compare", action=argparse.BooleanOptionalAction, default=True, help="also run a fault-free copy in lockstep"
+    )
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm progress bar")
-    parser.add_argument("--rss-at", type=int, default=1000, help="step of the first RSS reading (the last is at the end)")
-    parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (warm-up 100 steps, cosine decay to 10%%)")
+    parser.add_argument(
+        "--rss-at", type=int, default=1000, help="step of the first RSS reading (the last is at the end)"
+    )
+    parser.add_argument(
+        "--lr", type=float, default=3e-3, help="peak learning rate (warm-up 100 steps, cosine decay to 10%%)"
+    )
     parser.add_argument("--d-model", type=int, default=64, help="model width")
     parser.add_argument("--layers", type=int, default=1, help="transformer blocks")
     parser.add_argument("--context", type=int, default=32, help="tokens per sequence")
@@ -172,7 +190,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--block-size", type=int, default=64, help="DASH block size")
     parser.add_argument("--inv-root-freq", type=int, default=10, help="steps between root refreshes")
     parser.add_argument("--corpus-bytes", type=int, default=2_000_000, help="bytes of standard library source to read")
-    parser.add_argument("--json", default=None, help="also write the result (with every step's train loss) to this JSON file")
+    parser.add_argument(
+        "--json", default=None, help="also write the result (with every step's train loss) to this JSON file"
+    )
     parser.add_argument("--val-batches", type=int, default=32, help="validation batches for the final loss")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.every < 1:
@@ -190,7 +210,15 @@ def run_soak(args, argv) -> dict:
     load_before = os.getloadavg()
 
     torch.manual_seed(args.seed)
-    model = Llama(LlamaConfig(d_model=args.d_model, n_layers=args.layers, n_heads=4, mlp_hidden=(8 * args.d_model) // 3, context=args.context))
+    model = Llama(
+        LlamaConfig(
+            d_model=args.d_model,
+            n_layers=args.layers,
+            n_heads=4,
+            mlp_hidden=(8 * args.d_model) // 3,
+            context=args.context,
+        )
+    )
     init_params = {k: v.detach().clone() for k, v in model.named_parameters()}
     names = list(init_params)
     config = dash_fn.DashConfig(block_size=args.block_size, inv_root_freq=args.inv_root_freq)
@@ -252,7 +280,11 @@ def run_soak(args, argv) -> dict:
                         scale = torch.tensor(SCALE)
                     else:
                         lr = torch.tensor(base_lr * LR_SPIKE)
-                    before = bits(list(run.params.values()) + state_tensors(run.state, not refresh)) if kind in SKIPPING else None
+                    before = (
+                        bits(list(run.params.values()) + state_tensors(run.state, not refresh))
+                        if kind in SKIPPING
+                        else None
+                    )
                 run.params, loss, finite = train_step(run.params, run.state, tokens, lr, scale, poison, where, refresh)
                 run.loss[t] = loss.detach()
                 run.finite[t] = finite
@@ -272,7 +304,9 @@ def run_soak(args, argv) -> dict:
             if progress is not None:
                 progress.update(1)
                 if t % 500 == 0:
-                    progress.set_postfix(loss=f"{float(runs[0].loss[t - 99 : t + 1].mean()):.3f}", rss=f"{rss_mib():.0f}M")
+                    progress.set_postfix(
+                        loss=f"{float(runs[0].loss[t - 99 : t + 1].mean()):.3f}", rss=f"{rss_mib():.0f}M"
+                    )
     finally:
         callback_handler.remove_start_callback(on_compile)
         if progress is not None:
@@ -287,7 +321,10 @@ def run_soak(args, argv) -> dict:
     vstarts = torch.randint(0, len(val) - args.context - 1, (args.val_batches, args.batch), generator=vgen)
     for run in runs:
         with torch.no_grad():
-            run.val = sum(float(next_byte_loss(model, run.params, val[s[:, None] + window])) for s in vstarts) / args.val_batches
+            run.val = (
+                sum(float(next_byte_loss(model, run.params, val[s[:, None] + window])) for s in vstarts)
+                / args.val_batches
+            )
         run.train_final = float(run.loss[max(1, args.steps - 99) :].mean())
 
     soak = runs[0]
@@ -335,8 +372,11 @@ def run_soak(args, argv) -> dict:
     if args.compare:
         clean = runs[1]
         result.update(
-            clean_train_loss=clean.train_final, clean_val_loss=clean.val, clean_fallbacks=fallbacks(clean.state),
-            clean_skipped=int(clean.state["skipped"]), clean_params_finite=bool(clean.finite[1:].all()),
+            clean_train_loss=clean.train_final,
+            clean_val_loss=clean.val,
+            clean_fallbacks=fallbacks(clean.state),
+            clean_skipped=int(clean.state["skipped"]),
+            clean_params_finite=bool(clean.finite[1:].all()),
             clean_train_losses=clean.loss[1:].tolist(),
             loss_jumps=loss_jumps(faults, soak.loss, clean.loss, args.steps, warmup),
         )
@@ -344,7 +384,10 @@ def run_soak(args, argv) -> dict:
     if not finite_all:
         failures.append(f"non-finite parameters (first at step {first_nonfinite})")
     if skipped != len(expected_skips) or not result["skips_at_fault_steps"]:
-        failures.append(f"skipped {skipped} != expected {len(expected_skips)} (unexpected at {result['unexpected_skip_steps']}, missed at {result['missed_skip_steps']})")
+        failures.append(
+            f"skipped {skipped} != expected {len(expected_skips)} (unexpected at {result['unexpected_skip_steps']}, "
+            f"missed at {result['missed_skip_steps']})"
+        )
     if not bitwise_ok:
         failures.append(f"state changed on skipped steps {bad_steps}")
     if recompiles or compiles_after_warmup:
@@ -388,31 +431,48 @@ def report(args, r: dict, argv) -> str:
         "",
         f"Machine: {machine_line()}; load average {r['load_before']:.2f} before, {r['load_after']:.2f} after.",
         (
-            f"Model: byte-level Llama, d_model {args.d_model}, {args.layers} layer(s), context {args.context}, batch {args.batch}; "
-            f"DASH block {args.block_size}, inv_root_freq {args.inv_root_freq}, lr {args.lr:g} (warm-up, cosine); backend {r['backend']}; "
-            f"{r['steps']} steps, warm-up {min(args.every, r['steps'])} steps, then one fault per {args.every} steps (seed {args.seed})."
+            f"Model: byte-level Llama, d_model {args.d_model}, {args.layers} layer(s), context {args.context}, "
+            f"batch {args.batch}; "
+            f"DASH block {args.block_size}, inv_root_freq {args.inv_root_freq}, lr {args.lr:g} (warm-up, cosine); "
+            f"backend {r['backend']}; "
+            f"{r['steps']} steps, warm-up {min(args.every, r['steps'])} steps, "
+            f"then one fault per {args.every} steps (seed {args.seed})."
         ),
         "",
         "| check | result |",
         "|---|---|",
         f"| faults injected | {n_faults}: " + ", ".join(f"{k} {v}" for k, v in r["faults"].items()) + " |",
         (
-            f"| steps skipped (state['skipped']) | {r['skipped']} (expected {r['expected_skips']}: the nan, inf and scale faults); "
+            f"| steps skipped (state['skipped']) | {r['skipped']} (expected {r['expected_skips']}: the nan, "
+            "inf and scale faults); "
             f"at exactly the faulted steps: {'yes' if r['skips_at_fault_steps'] else 'NO'} |"
         ),
-        f"| params and state bitwise unchanged on skipped steps | {'yes' if r['bitwise_unchanged_on_skips'] else 'NO'} ({r['bitwise_checked']} checked) |",
+        "| params and state bitwise unchanged on skipped steps | "
+        f"{'yes' if r['bitwise_unchanged_on_skips'] else 'NO'} ({r['bitwise_checked']} checked) |",
         f"| parameters finite after every step | {finite} |",
         f"| root fallbacks (sum over factor stacks) | {r['fallbacks']}"
-        + (f" at {len(r['fallback_steps'])} refreshes, steps {r['fallback_steps'][0]} to {r['fallback_steps'][-1]}" if r["fallback_steps"] else "")
-        + (f" (fault-free run: {r['clean_fallbacks']})" if "clean_fallbacks" in r else "") + " |",
+        + (
+            f" at {len(r['fallback_steps'])} refreshes, steps {r['fallback_steps'][0]} to {r['fallback_steps'][-1]}"
+            if r["fallback_steps"]
+            else ""
+        )
+        + (f" (fault-free run: {r['clean_fallbacks']})" if "clean_fallbacks" in r else "")
+        + " |",
         (
-            f"| recompiles after warm-up | {r['recompiles_after_warmup']} (unique graphs {r['graphs_at_warmup']} -> {r['graphs_end']}; "
+            f"| recompiles after warm-up | {r['recompiles_after_warmup']} (unique graphs {r['graphs_at_warmup']} -> "
+            f"{r['graphs_end']}; "
             f"{r['compile_events_after_warmup']} compile events; {r['graph_breaks']} graph breaks) |"
         ),
-        f"| RSS at step {r['rss_at']:,} / end | {r['rss_first_mib']:.1f} MiB / {r['rss_end_mib']:.1f} MiB: {r['rss_growth_pct']:+.2f}% |",
-        f"| final train loss (mean of last 100 steps) | {r['train_loss']:.4f}" + (f" (fault-free {r['clean_train_loss']:.4f})" if "clean_train_loss" in r else "") + " |",
-        f"| final validation loss ({args.val_batches} batches) | {r['val_loss']:.4f}" + (f" (fault-free {r['clean_val_loss']:.4f})" if "clean_val_loss" in r else "") + " |",
-        f"| wall time | {r['wall_s']:.0f} s ({r['steady_ms_per_step']:.1f} ms per step after warm-up, {'both runs' if 'clean_val_loss' in r else 'one run'}) |",
+        f"| RSS at step {r['rss_at']:,} / end | {r['rss_first_mib']:.1f} MiB / {r['rss_end_mib']:.1f} MiB: "
+        f"{r['rss_growth_pct']:+.2f}% |",
+        f"| final train loss (mean of last 100 steps) | {r['train_loss']:.4f}"
+        + (f" (fault-free {r['clean_train_loss']:.4f})" if "clean_train_loss" in r else "")
+        + " |",
+        f"| final validation loss ({args.val_batches} batches) | {r['val_loss']:.4f}"
+        + (f" (fault-free {r['clean_val_loss']:.4f})" if "clean_val_loss" in r else "")
+        + " |",
+        f"| wall time | {r['wall_s']:.0f} s ({r['steady_ms_per_step']:.1f} ms per step after warm-up, "
+        f"{'both runs' if 'clean_val_loss' in r else 'one run'}) |",
         "",
     ]
     if "loss_jumps" in r:

@@ -124,8 +124,16 @@ def measure(X: torch.Tensor, label: str, fields: dict, repeats: int, device: tor
     ok = torch.isfinite(out).all(dim=(-2, -1)).cpu()
     out = out.cpu()
     errors = block_errors(out[ok], eigh_root(X.cpu()[ok], config.eps)) if ok.any() else torch.full((1,), math.nan)
-    row = dict(label=label, solver=config.solver, matmul_dtype=config.matmul_dtype, seconds=seconds, per_block_ms=1e3 * seconds / X.shape[0])
-    row.update(err_median=float(errors.median()), err_max=float(errors.max()), flagged=int((~ok).sum()), blocks=X.shape[0])
+    row = dict(
+        label=label,
+        solver=config.solver,
+        matmul_dtype=config.matmul_dtype,
+        seconds=seconds,
+        per_block_ms=1e3 * seconds / X.shape[0],
+    )
+    row.update(
+        err_median=float(errors.median()), err_max=float(errors.max()), flagged=int((~ok).sum()), blocks=X.shape[0]
+    )
     if config.solver == "chebyshev" and ok.any():
         shift = config.cheb_eps * X.cpu()[ok].double().norm(dim=(-2, -1))
         row["err_own"] = float(block_errors(out[ok], eigh_root(X.cpu()[ok], shift)).max())
@@ -135,14 +143,21 @@ def measure(X: torch.Tensor, label: str, fields: dict, repeats: int, device: tor
 def print_table(name: str, X: torch.Tensor, rows: list[dict], device: torch.device) -> None:
     lam = torch.linalg.eigvalsh(X.double())
     cond = float((lam[:, -1] / lam[:, 0].clamp_min(1e-30)).median())
-    print(f"\n### {name}: {X.shape[0]} blocks of {X.shape[-1]} x {X.shape[-1]}, median condition {cond:.2g} ({device})\n")
-    print("| solver setting | matmul dtype | ms / stack | ms / block | rel. error median | max | own target | flagged |")
+    print(
+        f"\n### {name}: {X.shape[0]} blocks of {X.shape[-1]} x {X.shape[-1]}, median condition {cond:.2g} ({device})\n"
+    )
+    print(
+        "| solver setting | matmul dtype | ms / stack | ms / block | rel. error median | max | own target | flagged |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     emulated = device.type != "cuda"
     for r in rows:
         dtype = r["matmul_dtype"] + (" (emulated)" if emulated and r["matmul_dtype"] != "float32" else "")
         own = f"{r['err_own']:.1e}" if "err_own" in r else ""
-        print(f"| {r['label']} | {dtype} | {1e3 * r['seconds']:.1f} | {r['per_block_ms']:.2f} | {r['err_median']:.1e} | {r['err_max']:.1e} | {own} | {r['flagged']}/{r['blocks']} |")
+        print(
+            f"| {r['label']} | {dtype} | {1e3 * r['seconds']:.1f} | {r['per_block_ms']:.2f} | {r['err_median']:.1e} | "
+            f"{r['err_max']:.1e} | {own} | {r['flagged']}/{r['blocks']} |"
+        )
 
 
 def plot(results: dict[str, list[dict]], path: Path, device: torch.device) -> None:
@@ -163,19 +178,34 @@ def plot(results: dict[str, list[dict]], path: Path, device: torch.device) -> No
             hollow = low and device.type != "cuda"
             color = colors[r["solver"]]
             error = max(r["err_median"], 1e-16)
-            ax.scatter(r["per_block_ms"], error, s=40, marker="s" if low else "o",
-                       facecolors="none" if hollow else color, edgecolors=color)
-            ax.annotate(r["label"].replace(" pim", "").replace(" fro", "*"), (r["per_block_ms"], error),
-                        fontsize=6, xytext=(3, 2), textcoords="offset points")
+            ax.scatter(
+                r["per_block_ms"],
+                error,
+                s=40,
+                marker="s" if low else "o",
+                facecolors="none" if hollow else color,
+                edgecolors=color,
+            )
+            ax.annotate(
+                r["label"].replace(" pim", "").replace(" fro", "*"),
+                (r["per_block_ms"], error),
+                fontsize=6,
+                xytext=(3, 2),
+                textcoords="offset points",
+            )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_title(name, fontsize=9)
         ax.set_xlabel(f"ms per block ({device.type})")
         ax.set_ylabel("median rel. Frobenius error of (X + eps I)^{-1/4}")
         ax.grid(True, which="both", alpha=0.3)
-    for ax in list(axes.flat)[len(results):]:
+    for ax in list(axes.flat)[len(results) :]:
         ax.axis("off")
-    fig.suptitle("dash_fn inverse-root solvers: accuracy vs cost (* = fro scaling, squares = 16-bit operands, hollow = emulated)", fontsize=9)
+    fig.suptitle(
+        "dash_fn inverse-root solvers: accuracy vs cost (* = fro scaling, squares = 16-bit operands, "
+        "hollow = emulated)",
+        fontsize=9,
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=130)
@@ -183,15 +213,25 @@ def plot(results: dict[str, list[dict]], path: Path, device: torch.device) -> No
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="b = 128, 4 blocks, 10 training steps, fewer settings")
     parser.add_argument("--block-size", type=int, help="block size b; when not given 256, or 128 with --quick")
     parser.add_argument("--stack", type=int, help="blocks per stack; when not given 8, or 4 with --quick")
-    parser.add_argument("--train-steps", type=int, help="dash_fn steps of the Llama whose factors are measured; when not given 60, or 10 with --quick")
+    parser.add_argument(
+        "--train-steps",
+        type=int,
+        help="dash_fn steps of the Llama whose factors are measured; when not given 60, or 10 with --quick",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per setting (median, after a warm-up)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (CPU); when not given torch's own")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="device of the solver calls")
-    parser.add_argument("--plot", type=Path, default=HERE / "results" / "solver_accuracy.png", help="where the plot goes")
+    parser.add_argument(
+        "--device", default="cuda" if torch.cuda.is_available() else "cpu", help="device of the solver calls"
+    )
+    parser.add_argument(
+        "--plot", type=Path, default=HERE / "results" / "solver_accuracy.png", help="where the plot goes"
+    )
     args = parser.parse_args()
     b = args.block_size or (128 if args.quick else 256)
     K = args.stack or (4 if args.quick else 8)

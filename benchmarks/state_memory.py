@@ -19,11 +19,17 @@ SHAPES = [(2048, 2048), (6144, 2048), (5632, 2048), (2048, 5632), (32000, 2048),
 
 
 def state_bytes(state) -> int:
-    return sum(v.numel() * v.element_size() for v in state.values(include_nested=True, leaves_only=True) if isinstance(v, torch.Tensor))
+    return sum(
+        v.numel() * v.element_size()
+        for v in state.values(include_nested=True, leaves_only=True)
+        if isinstance(v, torch.Tensor)
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--block-size", type=int, default=1024, help="DASH block size")
     args = parser.parse_args()
     config = dash_fn.DashConfig(block_size=args.block_size, solver="eigh")

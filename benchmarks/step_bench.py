@@ -21,7 +21,7 @@ import argparse
 import statistics
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -132,11 +132,24 @@ def make_impls(shapes, config, device, compiled_variants: dict[str, dict]):
         p.grad = g
     adamw = torch.optim.AdamW(torch_params, lr=1e-3, foreach=True)
     adamw.step()
-    impls["torch AdamW (foreach)"] = (adamw.step, None, sum(t.numel() * t.element_size() for s in adamw.state.values() for t in s.values()))
+    impls["torch AdamW (foreach)"] = (
+        adamw.step,
+        None,
+        sum(t.numel() * t.element_size() for s in adamw.state.values() for t in s.values()),
+    )
     return params, impls
 
 
-def bench(shapes: dict, label, block_size: int, solver: str, device: torch.device, reps: int, peak: float, compiled_variants: dict[str, dict]):
+def bench(
+    shapes: dict,
+    label,
+    block_size: int,
+    solver: str,
+    device: torch.device,
+    reps: int,
+    peak: float,
+    compiled_variants: dict[str, dict],
+):
     """Rows of the table for one layer (``label`` names it in the d_model column)."""
     config = dash_fn.DashConfig(block_size=block_size, solver=solver)
     plan = dash_fn.init({k: torch.empty(s, device="meta") for k, s in shapes.items()}, config)["plan"]
@@ -152,15 +165,24 @@ def bench(shapes: dict, label, block_size: int, solver: str, device: torch.devic
         t_refresh = median_seconds(refresh, max(1, reps // 2), device) if refresh is not None else None
         mem = peak_step_memory(refresh or plain, device)
         is_adamw = refresh is None
-        rows.append({
-            "impl": name, "d_model": label, "block": "-" if is_adamw else block_size, "solver": "-" if is_adamw else solver,
-            "plain_ms": 1e3 * t_plain, "refresh_ms": None if t_refresh is None else 1e3 * t_refresh,
-            "plain_gflop": None if is_adamw else flops_plain / 1e9,
-            "plain_peak": None if is_adamw else flops_plain / t_plain / peak,
-            "refresh_gflop": None if is_adamw or flops_solver is None else (flops_plain + flops_solver) / 1e9,
-            "refresh_peak": None if is_adamw or flops_solver is None else (flops_plain + flops_solver) / t_refresh / peak,
-            "peak_mem_mib": mem / 2**20, "state_b_per_param": None if nbytes is None else nbytes / n_params,
-        })
+        rows.append(
+            {
+                "impl": name,
+                "d_model": label,
+                "block": "-" if is_adamw else block_size,
+                "solver": "-" if is_adamw else solver,
+                "plain_ms": 1e3 * t_plain,
+                "refresh_ms": None if t_refresh is None else 1e3 * t_refresh,
+                "plain_gflop": None if is_adamw else flops_plain / 1e9,
+                "plain_peak": None if is_adamw else flops_plain / t_plain / peak,
+                "refresh_gflop": None if is_adamw or flops_solver is None else (flops_plain + flops_solver) / 1e9,
+                "refresh_peak": None
+                if is_adamw or flops_solver is None
+                else (flops_plain + flops_solver) / t_refresh / peak,
+                "peak_mem_mib": mem / 2**20,
+                "state_b_per_param": None if nbytes is None else nbytes / n_params,
+            }
+        )
     return rows
 
 
@@ -169,13 +191,19 @@ def fmt(value, spec: str) -> str:
 
 
 def markdown(rows) -> str:
-    head = "| impl | d_model | block | solver | plain ms | refresh ms | plain GFLOP | plain % peak | refresh GFLOP | refresh % peak | step peak mem MiB | state B/param |"
+    head = (
+        "| impl | d_model | block | solver | plain ms | refresh ms | plain GFLOP | plain % peak | refresh GFLOP "
+        "| refresh % peak | step peak mem MiB | state B/param |"
+    )
     lines = [head, "|" + "---|" * 12]
     for r in rows:
         lines.append(
-            f"| {r['impl']} | {r['d_model']} | {r['block']} | {r['solver']} | {fmt(r['plain_ms'], '.1f')} | {fmt(r['refresh_ms'], '.1f')} | "
-            f"{fmt(r['plain_gflop'], '.2f')} | {fmt(None if r['plain_peak'] is None else 100 * r['plain_peak'], '.0f')} | "
-            f"{fmt(r['refresh_gflop'], '.1f')} | {fmt(None if r['refresh_peak'] is None else 100 * r['refresh_peak'], '.0f')} | "
+            f"| {r['impl']} | {r['d_model']} | {r['block']} | {r['solver']} | {fmt(r['plain_ms'], '.1f')} | "
+            f"{fmt(r['refresh_ms'], '.1f')} | "
+            f"{fmt(r['plain_gflop'], '.2f')} | "
+            f"{fmt(None if r['plain_peak'] is None else 100 * r['plain_peak'], '.0f')} | "
+            f"{fmt(r['refresh_gflop'], '.1f')} | "
+            f"{fmt(None if r['refresh_peak'] is None else 100 * r['refresh_peak'], '.0f')} | "
             f"{fmt(r['peak_mem_mib'], '.0f')} | {fmt(r['state_b_per_param'], '.1f')} |"
         )
     return "\n".join(lines)
@@ -190,16 +218,24 @@ def speedups(rows) -> str:
         seq = by_impl.get("sequential per-block")
         for name in by_impl:
             if seq and name.startswith("dash_fn"):
-                out.append(f"- d_model {key[0]}, block {key[1]}, {key[2]}: refresh step {seq['refresh_ms'] / by_impl[name]['refresh_ms']:.2f}x faster with {name} than sequential; plain step {seq['plain_ms'] / by_impl[name]['plain_ms']:.2f}x")
+                out.append(
+                    f"- d_model {key[0]}, block {key[1]}, {key[2]}: refresh step "
+                    f"{seq['refresh_ms'] / by_impl[name]['refresh_ms']:.2f}x faster with {name} than sequential; "
+                    f"plain step {seq['plain_ms'] / by_impl[name]['plain_ms']:.2f}x"
+                )
     return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--d-model", type=int, nargs="+", default=[512, 1024], help="layer widths d")
     parser.add_argument("--block-size", type=int, nargs="+", default=[128, 256], help="DASH block sizes")
     parser.add_argument("--solver", nargs="+", default=["eigh", "ndb"], help="root solvers")
-    parser.add_argument("--reps", type=int, default=5, help="timed plain steps per row (median; refresh steps: half as many)")
+    parser.add_argument(
+        "--reps", type=int, default=5, help="timed plain steps per row (median; refresh steps: half as many)"
+    )
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--no-compile", action="store_true", help="skip the Inductor-compiled variant")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one rep: a smoke run")
@@ -209,8 +245,11 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device(args.device)
     torch.manual_seed(0)
     peak = matmul_peak(device)
-    print(f"device {device} ({torch.cuda.get_device_name() if device.type == 'cuda' else f'{torch.get_num_threads()} CPU threads'}), "
-          f"torch {torch.__version__}, float32 matmul peak measured {peak / 1e9:.1f} GFLOP/s\n")
+    print(
+        f"device {device} "
+        f"({torch.cuda.get_device_name() if device.type == 'cuda' else f'{torch.get_num_threads()} CPU threads'}), "
+        f"torch {torch.__version__}, float32 matmul peak measured {peak / 1e9:.1f} GFLOP/s\n"
+    )
     compiled = {} if args.no_compile else {"dash_fn compiled": {"backend": "aot_eager" if args.quick else "inductor"}}
     rows = []
     for d in args.d_model:

@@ -21,7 +21,12 @@ ARGS = argparse.Namespace(block_size=BLOCK, start=START)
 ROUNDS = 10
 
 CASES = [
-    pytest.param(peer.key, freq, id=f"{peer.key}-freq{freq}" if freq else peer.key, marks=[pytest.mark.inductor] if peer.key == "dash-compiled" else [])
+    pytest.param(
+        peer.key,
+        freq,
+        id=f"{peer.key}-freq{freq}" if freq else peer.key,
+        marks=[pytest.mark.inductor] if peer.key == "dash-compiled" else [],
+    )
     for peer in PEERS
     for freq in ((1, 10) if peer.refreshes else (None,))
 ]

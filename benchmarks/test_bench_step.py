@@ -18,11 +18,17 @@ D_MODEL, BLOCK = 512, 128
 @pytest.fixture(scope="module", params=["eigh", "ndb"])
 def impls(request):
     config = dash_fn.DashConfig(block_size=BLOCK, solver=request.param)
-    _, impls = make_impls(layer_shapes(D_MODEL), config, torch.device("cpu"), {"dash_fn compiled": {"backend": "inductor"}})
+    _, impls = make_impls(
+        layer_shapes(D_MODEL), config, torch.device("cpu"), {"dash_fn compiled": {"backend": "inductor"}}
+    )
     return impls
 
 
-CASES = [(impl, kind) for impl in ("dash_fn compiled", "dash_fn eager", "sequential per-block") for kind in ("plain", "refresh")]
+CASES = [
+    (impl, kind)
+    for impl in ("dash_fn compiled", "dash_fn eager", "sequential per-block")
+    for kind in ("plain", "refresh")
+]
 CASES.append(("torch AdamW (foreach)", "plain"))  # AdamW has no refresh step
 
 

@@ -57,13 +57,18 @@ def state_to_dict(state: TensorDict) -> dict:
     if not isinstance(state, TensorDict) or "plan" not in state.keys():
         raise TypeError("state_to_dict: state must be the TensorDict returned by dash_fn.init")
     if state["shard"].kind != "replicated":
-        raise TypeError("state_to_dict: an FSDP2 state is saved with torch.distributed.checkpoint through dash_fn.state_dict")
+        raise TypeError(
+            "state_to_dict: an FSDP2 state is saved with torch.distributed.checkpoint through dash_fn.state_dict"
+        )
     stored = state.exclude("config", "plan", "shard", *CONSTANTS)
     blob = {
         "format": FORMAT,
         "version": VERSION,
         "config": dataclasses.asdict(state["config"]),
-        "params": [[p.name, list(p.shape), _dtype_name(p.dtype)] + ([p.batch_dims] if p.batch_dims else []) for p in state["plan"].params],
+        "params": [
+            [p.name, list(p.shape), _dtype_name(p.dtype)] + ([p.batch_dims] if p.batch_dims else [])
+            for p in state["plan"].params
+        ],
         "tensors": {_join(key): x for key, x in stored.items(include_nested=True, leaves_only=True)},
     }
     shard = state["shard"]
@@ -127,7 +132,11 @@ def _state_from_dict(blob, device, params, config, copy: bool, where: str, place
         else:
             value = tensors[_join(key)].to(device, copy=copy)
         state.set(key, value)
-    state = state.set_non_tensor("config", saved_config).set_non_tensor("plan", template["plan"]).set_non_tensor("shard", template["shard"])
+    state = (
+        state.set_non_tensor("config", saved_config)
+        .set_non_tensor("plan", template["plan"])
+        .set_non_tensor("shard", template["shard"])
+    )
     return mark_static(state)
 
 
@@ -154,7 +163,10 @@ def check_layout(found: DashConfig, expected: DashConfig, where: str, found_in: 
         ("fsdp_blocks", found.fsdp_blocks, expected.fsdp_blocks),
     ):
         if f != e:
-            raise ValueError(f"{where}: {name} is {e!r} here but {f!r} in {found_in}; it fixes the layout of the state, which therefore cannot serve this config")
+            raise ValueError(
+                f"{where}: {name} is {e!r} here but {f!r} in {found_in}; it fixes the layout of the state, "
+                "which therefore cannot serve this config"
+            )
 
 
 def save_state(path, state: TensorDict) -> None:
@@ -216,13 +228,18 @@ def load_state(path, *, params=None, config: DashConfig | None = None, device=No
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch.load raises many types for a damaged file
-        raise ValueError(f"{where} cannot be read; it is truncated, corrupted or not a torch.save file ({type(error).__name__}: {error})") from error
+        raise ValueError(
+            f"{where} cannot be read; it is truncated, corrupted or not a torch.save file "
+            f"({type(error).__name__}: {error})"
+        ) from error
     _check_header(blob, where)
     if "checksum" not in blob:
         raise ValueError(f"{where} has no checksum; dash_fn.load_state reads files written by dash_fn.save_state")
     if blob["checksum"] != _checksum(blob, where):
         raise ValueError(f"{where} is corrupted: its checksum does not match its contents")
-    return state_from_dict(blob, device=device, params=specs, config=config, copy=False, where=where, process_group=process_group)
+    return state_from_dict(
+        blob, device=device, params=specs, config=config, copy=False, where=where, process_group=process_group
+    )
 
 
 def _join(key) -> str:
@@ -246,7 +263,7 @@ def _checksum(blob: Mapping, where: str = "checkpoint") -> int:
     tensors = blob.get("tensors")
     if not isinstance(tensors, Mapping) or not all(isinstance(x, torch.Tensor) for x in tensors.values()):
         raise ValueError(f"{where}: 'tensors' must be a dict of tensors")
-    metadata = (blob["format"], blob["version"], blob.get("config"), blob.get("params"))
+    metadata: tuple = (blob["format"], blob["version"], blob.get("config"), blob.get("params"))
     if "shard" in blob:
         metadata += (blob["shard"],)
     crc = zlib.crc32(repr(metadata).encode())
@@ -269,7 +286,9 @@ def _read_params(entries, where: str) -> tuple[list[ParamSpec], dict[str, int]]:
         ok = ok and (len(entry) == 3 or (isinstance(entry[3], int) and 0 < entry[3] < len(entry[1])))
         dtype = getattr(torch, entry[2], None) if ok and isinstance(entry[2], str) else None
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise ValueError(f"{where}: bad parameter entry {entry!r}; expected [name, shape, floating dtype name(, batch dims)]")
+            raise ValueError(
+                f"{where}: bad parameter entry {entry!r}; expected [name, shape, floating dtype name(, batch dims)]"
+            )
         specs.append((entry[0], tuple(entry[1]), dtype))
         if len(entry) == 4:
             batch_dims[entry[0]] = entry[3]
@@ -285,7 +304,9 @@ def _check_params(saved: Sequence[ParamSpec], expected: Sequence[ParamSpec], whe
             raise ValueError(f"{where} has no state for parameter {name!r}")
         saved_shape, saved_dtype = saved_by_name[name]
         if tuple(shape) != saved_shape:
-            raise ValueError(f"{where}: parameter {name!r} has shape {tuple(shape)} but {saved_shape} in the checkpoint")
+            raise ValueError(
+                f"{where}: parameter {name!r} has shape {tuple(shape)} but {saved_shape} in the checkpoint"
+            )
         if dtype != saved_dtype:
             raise ValueError(f"{where}: parameter {name!r} has dtype {dtype} but {saved_dtype} in the checkpoint")
     for name, _, _ in saved:
@@ -296,7 +317,9 @@ def _check_params(saved: Sequence[ParamSpec], expected: Sequence[ParamSpec], whe
 def _check_config(saved: DashConfig, expected: DashConfig, where: str) -> None:
     for name in CONFIG_FIELDS:
         if getattr(saved, name) != getattr(expected, name):
-            raise ValueError(f"{where}: config.{name} is {getattr(expected, name)!r} but {getattr(saved, name)!r} in the checkpoint")
+            raise ValueError(
+                f"{where}: config.{name} is {getattr(expected, name)!r} but {getattr(saved, name)!r} in the checkpoint"
+            )
 
 
 def _check_placement(blob, placement: Placement, where: str) -> None:
@@ -314,7 +337,9 @@ def _check_placement(blob, placement: Placement, where: str) -> None:
         )
 
 
-def _template(params: Sequence[ParamSpec], config: DashConfig, device: torch.device, placement: Placement, batch_dims) -> TensorDict:
+def _template(
+    params: Sequence[ParamSpec], config: DashConfig, device: torch.device, placement: Placement, batch_dims
+) -> TensorDict:
     """The state ``init`` would make, on the meta device (no memory): keys, shapes, dtypes, plan.
 
     ``auto`` is resolved for the target device first, as it decides whether start vectors exist.
@@ -328,7 +353,9 @@ def _check_tensors(tensors, template: TensorDict, where: str) -> dict:
     if not isinstance(tensors, Mapping):
         raise ValueError(f"{where}: 'tensors' must be a dict of tensors")
     expected = {
-        _join(key): spec for key, spec in template.items(include_nested=True, leaves_only=True) if key[0] not in CONSTANTS
+        _join(key): spec
+        for key, spec in template.items(include_nested=True, leaves_only=True)
+        if key[0] not in CONSTANTS
     }
     for key, spec in expected.items():
         if key not in tensors:
@@ -338,7 +365,8 @@ def _check_tensors(tensors, template: TensorDict, where: str) -> dict:
             raise ValueError(f"{where}: state entry {key!r} is a {type(x).__name__}, not a tensor")
         if x.shape != spec.shape or x.dtype != spec.dtype:
             raise ValueError(
-                f"{where}: state tensor {key!r} has shape {tuple(x.shape)} and dtype {x.dtype}, expected {tuple(spec.shape)} and {spec.dtype}"
+                f"{where}: state tensor {key!r} has shape {tuple(x.shape)} and dtype {x.dtype}, "
+                f"expected {tuple(spec.shape)} and {spec.dtype}"
             )
     for key in tensors:
         if key not in expected:

@@ -179,7 +179,7 @@ class DashConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"DashConfig.{name} must be a bool, got {getattr(self, name)!r}")
 
-    def replace(self, **changes) -> "DashConfig":
+    def replace(self, **changes) -> DashConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
@@ -189,11 +189,21 @@ class DashConfig:
         return self.weight_decay if self.weight_decay_1d is None else self.weight_decay_1d
 
     @classmethod
-    def paper(cls, **changes) -> "DashConfig":
+    def paper(cls, **changes) -> DashConfig:
         """The DASH paper's recommended setting: blocks of 1024, NDB with power-iteration
         scaling, roots refreshed every step, eps 0, vectors under one-sided Shampoo (then
         ``changes``)."""
-        return cls(**{"block_size": 1024, "solver": "ndb", "scaling": "pim", "inv_root_freq": 1, "eps": 0.0, "one_dim": "shampoo", **changes})
+        return cls(
+            **{
+                "block_size": 1024,
+                "solver": "ndb",
+                "scaling": "pim",
+                "inv_root_freq": 1,
+                "eps": 0.0,
+                "one_dim": "shampoo",
+                **changes,
+            }
+        )
 
 
 def _is_int(value) -> bool:

@@ -18,8 +18,8 @@ reads device values on the host (free on the CPU, a sync elsewhere) or uses a CP
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Sequence
 
 import torch
 
@@ -97,15 +97,28 @@ def fused_adam_applies(config: DashConfig, entry, G: torch.Tensor) -> bool:
     return whole_vectors and entry["A"].is_contiguous() and entry["Gt"].is_contiguous()
 
 
-def fused_adam_direction(config: DashConfig, entry, G: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_adam_direction(
+    config: DashConfig, entry, G: torch.Tensor, t: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Grafting moment, gradient EMA and Adam direction of one group in one pass of torch's fused
     Adam kernel (``torch.optim.Adam(fused=True)``'s), where the op-by-op form makes nine: with
     ``lr = -1`` on a zero "parameter" it leaves ``D = (Gt / cG) / (sqrt(A) / sqrt(cA) + eps)``,
     the same formula in the kernel's rounding (its EMA is a lerp). Returns ``(Gt, D)``."""
     Gt, D = entry["Gt"], torch.zeros_like(entry["A"])
     torch._fused_adam_(
-        [D], [G.contiguous()], [Gt], [entry["A"]], [], [t], lr=-1.0, beta1=config.beta_G, beta2=config.beta_graft,
-        weight_decay=0.0, eps=config.eps_graft, amsgrad=False, maximize=False,
+        [D],
+        [G.contiguous()],
+        [Gt],
+        [entry["A"]],
+        [],
+        [t],
+        lr=-1.0,
+        beta1=config.beta_G,
+        beta2=config.beta_graft,
+        weight_decay=0.0,
+        eps=config.eps_graft,
+        amsgrad=False,
+        maximize=False,
     )
     return Gt, D
 
@@ -161,10 +174,11 @@ def eigh_root(X: torch.Tensor, p: int, eps: float, heuristic: str) -> torch.Tens
         for lo in range(part.start, part.stop, chunk):
             blocks = slice(lo, min(lo + chunk, part.stop))
             padded = pad_aligned(shifted(X[blocks], eps))
+            mu, Q = torch.linalg.eigh(padded)
             if padded.shape[-1] == b:
-                spectral_root(*torch.linalg.eigh(padded), p, eps, heuristic, out=out[blocks])
+                spectral_root(mu, Q, p, eps, heuristic, out=out[blocks])
             else:  # X's root is the top-left corner
-                out[blocks] = spectral_root(*torch.linalg.eigh(padded), p, eps, heuristic)[..., :b, :b]
+                out[blocks] = spectral_root(mu, Q, p, eps, heuristic)[..., :b, :b]
 
     threads = min(torch.get_num_threads(), X.shape[0])
     if threads <= 1:
@@ -188,7 +202,9 @@ def _eigh_root_fake(X: torch.Tensor, p: int, eps: float, heuristic: str) -> torc
     return torch.empty_like(X)
 
 
-def compiled_eigh_refresh(factors: torch.Tensor, roots: torch.Tensor, p: int, config: DashConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def compiled_eigh_refresh(
+    factors: torch.Tensor, roots: torch.Tensor, p: int, config: DashConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`dash_fn.roots.refresh_roots` with eigh, traced on the CPU: the eager refresh
     inside one op opaque to torch.compile, so that it reads the finiteness flags on the host
     (free on the CPU) and, with every factor finite, solves the whole stack at once with no
@@ -200,13 +216,19 @@ def compiled_eigh_refresh(factors: torch.Tensor, roots: torch.Tensor, p: int, co
 
 
 @torch.library.custom_op("dash_fn::cpu_eigh_refresh", mutates_args=())
-def _eigh_refresh_op(factors: torch.Tensor, roots: torch.Tensor, p: int, eps: torch.Tensor, heuristic: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _eigh_refresh_op(
+    factors: torch.Tensor, roots: torch.Tensor, p: int, eps: torch.Tensor, heuristic: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     from .roots import refresh_roots
     from .strategy import CPU
 
-    return refresh_roots(factors, roots, p, DashConfig(solver="eigh", eps=eps.item(), eigh_heuristic=heuristic), None, CPU)
+    return refresh_roots(
+        factors, roots, p, DashConfig(solver="eigh", eps=eps.item(), eigh_heuristic=heuristic), None, CPU
+    )
 
 
 @_eigh_refresh_op.register_fake
-def _(factors: torch.Tensor, roots: torch.Tensor, p: int, eps: torch.Tensor, heuristic: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _(
+    factors: torch.Tensor, roots: torch.Tensor, p: int, eps: torch.Tensor, heuristic: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.empty_like(roots), factors.new_empty(factors.shape[:1], dtype=torch.bool)

@@ -25,7 +25,7 @@ host (calls, skipped or not) loses no refresh to a skip and needs no read of ``o
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -51,7 +51,9 @@ def gate(ok: torch.Tensor | None, factor: float, dtype: torch.dtype):
     """A decay factor that is 1 when the step is skipped (``factor`` itself when unguarded)."""
     if ok is None:
         return factor
-    return torch.where(ok, torch.full((), factor, dtype=dtype, device=ok.device), torch.ones((), dtype=dtype, device=ok.device))
+    return torch.where(
+        ok, torch.full((), factor, dtype=dtype, device=ok.device), torch.ones((), dtype=dtype, device=ok.device)
+    )
 
 
 def masked(ok: torch.Tensor | None, x: torch.Tensor, identity: float) -> torch.Tensor:

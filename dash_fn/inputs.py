@@ -25,7 +25,7 @@ def flatten(tree, what: str) -> tuple[list, list[str], list[torch.Tensor]]:
         items = list(tree.items())
     else:
         raise TypeError(f"{what} must be a Mapping[str, Tensor] or a TensorDict, got {type(tree).__name__}")
-    names = []
+    names, tensors = [], []
     for key, value in items:
         name = ".".join(key) if isinstance(key, tuple) else key
         if not isinstance(name, str):
@@ -33,7 +33,8 @@ def flatten(tree, what: str) -> tuple[list, list[str], list[torch.Tensor]]:
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"{what}[{name!r}] must be a torch.Tensor, got {type(value).__name__}")
         names.append(name)
-    return [k for k, _ in items], names, [v for _, v in items]
+        tensors.append(value)
+    return [k for k, _ in items], names, tensors
 
 
 def rebuild(tree, keys: list, tensors: list[torch.Tensor]):
@@ -52,7 +53,10 @@ def check_params(names: list[str], tensors: list[torch.Tensor]) -> None:
         if not x.is_floating_point():
             raise TypeError(f"init: params[{name!r}] has dtype {x.dtype}; DASH optimizes floating-point tensors only")
         if x.device != device:
-            raise ValueError(f"init: params[{name!r}] is on {x.device} but params[{names[0]!r}] is on {device}; all must share one device")
+            raise ValueError(
+                f"init: params[{name!r}] is on {x.device} but params[{names[0]!r}] is on {device}; "
+                "all must share one device"
+            )
 
 
 def _check_names(plan: Plan, names: list[str], what: str) -> None:
@@ -98,13 +102,19 @@ def check_step_inputs(local: Plan, state, params: list[torch.Tensor], grads: lis
     for k, stack in enumerate(local.factors):
         shape = tuple(state["factors", str(k), "F"].shape)
         if shape != (stack.count, stack.size, stack.size):
-            raise ValueError(f"step: state factor stack {k} has shape {shape}, the plan expects {(stack.count, stack.size, stack.size)}")
+            raise ValueError(
+                f"step: state factor stack {k} has shape {shape}, the plan expects "
+                f"{(stack.count, stack.size, stack.size)}"
+            )
     if isinstance(lr, torch.Tensor):
         if lr.ndim != 0 or not lr.is_floating_point():
-            raise ValueError(f"step: lr must be a float or a 0-d floating tensor, got a tensor of shape {tuple(lr.shape)} and dtype {lr.dtype}")
+            raise ValueError(
+                "step: lr must be a float or a 0-d floating tensor, "
+                f"got a tensor of shape {tuple(lr.shape)} and dtype {lr.dtype}"
+            )
     elif not isinstance(lr, Real) or isinstance(lr, bool):
         raise ValueError(f"step: lr must be a finite number >= 0 or a 0-d tensor, got {lr!r}")
-    elif not torch.compiler.is_compiling() and not (math.isfinite(lr) and lr >= 0):
+    elif not torch.compiler.is_compiling() and not (math.isfinite(lr) and lr >= 0):  # type: ignore[operator]
         # a compiled step may see lr as a symbolic float, whose value is not known at trace time
         raise ValueError(f"step: lr must be a finite number >= 0 or a 0-d tensor, got {lr!r}")
     if refresh is not None and not isinstance(refresh, bool):

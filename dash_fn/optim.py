@@ -23,7 +23,7 @@ import math
 import types
 import warnings
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from copy import deepcopy
 from numbers import Real
 
@@ -36,10 +36,9 @@ from .distributed.dcp import load_param_entries, param_entries
 from .plan import ADAMW
 from .roots import resolve_solver
 from .state import init, mark_static
-from .strategy import for_device
 from .step import is_refresh_step
 from .step import step as functional_step
-
+from .strategy import for_device
 
 # what a param group may hold: torch.optim's keys, the lr, the DashConfig fields, batch dims
 GROUP_KEYS = ("params", "param_names", "lr", "batch_dims", *CONFIG_FIELDS)
@@ -87,17 +86,30 @@ class DASH(torch.optim.Optimizer):
     blocks it owns there): through ``torch.distributed.checkpoint``, see the README.
     """
 
-    def __init__(self, params, lr: float | torch.Tensor = 1e-3, *, compile: bool | Mapping = False, process_group=None, **config_fields):
+    def __init__(
+        self,
+        params,
+        lr: float | torch.Tensor = 1e-3,
+        *,
+        compile: bool | Mapping = False,
+        process_group=None,
+        **config_fields,
+    ):
         unknown = sorted(set(config_fields) - set(CONFIG_FIELDS))
         if unknown:
-            raise TypeError(f"DASH got unknown option {unknown[0]!r}; its options are lr, compile and the DashConfig fields {CONFIG_FIELDS}")
+            raise TypeError(
+                f"DASH got unknown option {unknown[0]!r}; "
+                f"its options are lr, compile and the DashConfig fields {CONFIG_FIELDS}"
+            )
         if not isinstance(compile, (bool, Mapping)):
-            raise TypeError(f"DASH: compile must be a bool or a dict of torch.compile arguments, got {type(compile).__name__}")
+            raise TypeError(
+                f"DASH: compile must be a bool or a dict of torch.compile arguments, got {type(compile).__name__}"
+            )
         _check_lr(lr, "DASH")  # before the base class looks at params, as torch.optim's optimizers do
         _warn_if_adam_eps(config_fields, "DASH")
         defaults = {"lr": lr, **dataclasses.asdict(DashConfig(**config_fields))}
         self._compile = dict(compile) if isinstance(compile, Mapping) else compile
-        self._compiled_steps = {}
+        self._compiled_steps: dict[tuple[bool, str], Callable] = {}
         process_group_info(process_group)  # a bad group fails here, not at the first step
         self._process_group = process_group
         super().__init__(params, defaults)
@@ -124,7 +136,9 @@ class DASH(torch.optim.Optimizer):
         for name, p in zip(_names(group), group["params"]):
             if k and k >= p.ndim:
                 self.param_groups.pop()
-                raise ValueError(f"param group: batch_dims={k} leaves no matrix in parameter {name!r} of shape {tuple(p.shape)}")
+                raise ValueError(
+                    f"param group: batch_dims={k} leaves no matrix in parameter {name!r} of shape {tuple(p.shape)}"
+                )
 
     def __getstate__(self) -> dict:
         return {**super().__getstate__(), "_compile": self._compile, "_process_group": self._process_group}
@@ -178,7 +192,11 @@ class DASH(torch.optim.Optimizer):
                 p.copy_(new[n])
         else:
             _check_cuda_graph_solver(self._compile, config, state["step"].device, where)
-            lr = lr if isinstance(lr, torch.Tensor) else torch.full((), lr, dtype=torch.float64, device=state["step"].device)
+            lr = (
+                lr
+                if isinstance(lr, torch.Tensor)
+                else torch.full((), lr, dtype=torch.float64, device=state["step"].device)
+            )
             mark_static(state)
             # the parameters themselves, which Dynamo takes as static addresses (their detached
             # views are new tensors every step)
@@ -189,7 +207,10 @@ class DASH(torch.optim.Optimizer):
 
     def skipped_steps(self) -> list[int]:
         """Per param group, the steps skipped because a gradient was not finite (a host read)."""
-        return [int(self.state[g["params"][0]]["dash"]["skipped"]) if self.state.get(g["params"][0]) else 0 for g in self.param_groups]
+        return [
+            int(self.state[g["params"][0]]["dash"]["skipped"]) if self.state.get(g["params"][0]) else 0
+            for g in self.param_groups
+        ]
 
     def _compiled(self, refresh: bool, group: str = ""):
         """The compiled step that refreshes the roots (True) or does not (False), for one param
@@ -197,7 +218,7 @@ class DASH(torch.optim.Optimizer):
         if (refresh, group) not in self._compiled_steps:
             # dynamic=False: Dynamo caches graphs per function, so a second optimizer (another
             # model) would otherwise turn the plan's ints symbolic, which the step cannot trace
-            options = {"dynamic": False, **({} if self._compile is True else self._compile)}
+            options = {"dynamic": False, **({} if isinstance(self._compile, bool) else self._compile)}
             step = _own_code(_STEPS_INTO[refresh])  # per group: see _own_code
             self._compiled_steps[refresh, group] = torch.compile(step, fullgraph=True, **options)
         return self._compiled_steps[refresh, group]
@@ -214,8 +235,8 @@ class DASH(torch.optim.Optimizer):
         ``torch.load(weights_only=True)`` reads it. The tensors are the live state's, as in
         ``torch.optim``: save the dict before the next step.
         """
-        for hook in self._optimizer_state_dict_pre_hooks.values():
-            hook(self)
+        for pre_hook in self._optimizer_state_dict_pre_hooks.values():
+            pre_hook(self)
         groups: list[dict] = []
         state: dict = {}
         index_of: dict[int, int] = {}
@@ -236,8 +257,8 @@ class DASH(torch.optim.Optimizer):
         # what others keep in optimizer.state under keys that are not parameters, kept as torch.optim keeps it
         state.update((k, v) for k, v in self.state.items() if not isinstance(k, torch.Tensor))
         state_dict = {"state": state, "param_groups": groups}
-        for hook in self._optimizer_state_dict_post_hooks.values():
-            state_dict = hook(self, state_dict) or state_dict
+        for post_hook in self._optimizer_state_dict_post_hooks.values():
+            state_dict = post_hook(self, state_dict) or state_dict
         return state_dict
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -251,16 +272,16 @@ class DASH(torch.optim.Optimizer):
         leaves the optimizer as it was. The states never share memory with ``state_dict``.
         """
         state_dict = dict(state_dict)
-        for hook in self._optimizer_load_state_dict_pre_hooks.values():
-            state_dict = hook(self, state_dict) or state_dict
+        for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
+            state_dict = pre_hook(self, state_dict) or state_dict
         groups, entries, others = self._restored(state_dict)
         self.state = defaultdict(dict, others)
         for group in groups:
             if group["params"] and group["params"][0] in entries:
                 self.state[group["params"][0]] = entries[group["params"][0]]
         self.param_groups = groups
-        for hook in self._optimizer_load_state_dict_post_hooks.values():
-            hook(self)
+        for post_hook in self._optimizer_load_state_dict_post_hooks.values():
+            post_hook(self)
 
     def _restored_state(self, group: dict, config: DashConfig, found: list, where: str) -> dict:
         """One group's state entry from its parameters' saved entries (or, as written by
@@ -271,29 +292,46 @@ class DASH(torch.optim.Optimizer):
             blob = found[0]
             check_layout(read_config(blob, where), config, where, found_in="the checkpoint's state")
             specs = [(n, tuple(p.shape), p.dtype) for n, p in values.items()]
-            state = state_from_dict(blob, device=params[0].device, params=specs, where=where, process_group=self._process_group)
+            state = state_from_dict(
+                blob, device=params[0].device, params=specs, where=where, process_group=self._process_group
+            )
         else:
             if len(found) != len(params):
                 raise ValueError(f"{where}: the checkpoint has state for {len(found)} of its {len(params)} parameters")
-            state = load_param_entries(init(values, config, self._process_group, _batch_dims(group)), dict(zip(values, found)), where)
+            state = load_param_entries(
+                init(values, config, self._process_group, _batch_dims(group)), dict(zip(values, found)), where
+            )
         return {"dash": state, "step": int(state["step"]) + int(state["skipped"])}  # the group's calls
 
     def _restored(self, state_dict) -> tuple[list[dict], dict, dict]:
         """The new param groups, state entries and non-parameter state (keys that are not
         parameter indices, which others put in ``optimizer.state``) of a state dict, checked
         against this optimizer."""
-        if not isinstance(state_dict, Mapping) or not isinstance(state_dict.get("param_groups"), list) or not isinstance(state_dict.get("state"), Mapping):
-            raise ValueError("load_state_dict: expected a dict with 'state' (a dict) and 'param_groups' (a list), as DASH.state_dict() returns")
+        if (
+            not isinstance(state_dict, Mapping)
+            or not isinstance(state_dict.get("param_groups"), list)
+            or not isinstance(state_dict.get("state"), Mapping)
+        ):
+            raise ValueError(
+                "load_state_dict: expected a dict with 'state' (a dict) and 'param_groups' (a list), "
+                "as DASH.state_dict() returns"
+            )
         saved_groups = deepcopy(state_dict["param_groups"])
         if len(saved_groups) != len(self.param_groups):
-            raise ValueError(f"load_state_dict: the checkpoint has {len(saved_groups)} param groups, this optimizer {len(self.param_groups)}")
+            raise ValueError(
+                f"load_state_dict: the checkpoint has {len(saved_groups)} param groups, "
+                f"this optimizer {len(self.param_groups)}"
+            )
         saved_state = dict(state_dict["state"])
         groups, entries, used = [], {}, set()
         for index, (group, saved) in enumerate(zip(self.param_groups, saved_groups)):
             where = f"load_state_dict: param_groups[{index}]"
             params = group["params"]
             if not isinstance(saved, Mapping) or len(saved.get("params", ())) != len(params):
-                raise ValueError(f"{where} has {len(saved.get('params', ())) if isinstance(saved, Mapping) else '?'} parameters in the checkpoint, {len(params)} here")
+                raise ValueError(
+                    f"{where} has {len(saved.get('params', ())) if isinstance(saved, Mapping) else '?'} parameters in "
+                    f"the checkpoint, {len(params)} here"
+                )
             # Keys the checkpoint lacks (a field added since it was written) keep their values.
             new_group = {**group, **{k: v for k, v in saved.items() if k != "params"}, "params": params}
             config = group_config(new_group, where)
@@ -341,12 +379,14 @@ def _check_cuda_graph_solver(options, config: DashConfig, device: torch.device, 
     """eigh cannot run under CUDA graphs: ``torch.linalg.eigh`` reads its error flags on the
     host once per call. Refused up front (on the accelerator strategy, the one CUDA graphs serve)."""
     options = {} if options is True else options
-    cuda_graphs = options.get("mode") in ("reduce-overhead", "max-autotune") or (options.get("options") or {}).get("triton.cudagraphs")
+    cuda_graphs = options.get("mode") in ("reduce-overhead", "max-autotune") or (options.get("options") or {}).get(
+        "triton.cudagraphs"
+    )
     if cuda_graphs and not for_device(device).cpu_ops and resolve_solver(config, device) == "eigh":
         raise ValueError(
-            f"{where}: solver='eigh' cannot run under CUDA graphs (compile mode {options.get('mode')!r}): torch.linalg.eigh "
-            "reads its error flags on the host once per call; use a matmul solver (solver='ndb', 'cn' or 'chebyshev') "
-            "or compile without CUDA graphs"
+            f"{where}: solver='eigh' cannot run under CUDA graphs (compile mode {options.get('mode')!r}): "
+            "torch.linalg.eigh reads its error flags on the host once per call; "
+            "use a matmul solver (solver='ndb', 'cn' or 'chebyshev') or compile without CUDA graphs"
         )
 
 
@@ -380,7 +420,9 @@ def owned_slices(state, names: set[str]) -> list[torch.Tensor]:
             group = local.groups[g]
             for side in (group.left, group.right):
                 if side is not None:  # block offset + i has its factors at side.offset + offset + i
-                    views += [x[side.offset + start : side.offset + stop] for x in state["factors", str(side.stack)].values()]
+                    views += [
+                        x[side.offset + start : side.offset + stop] for x in state["factors", str(side.stack)].values()
+                    ]
         if p.kind == ADAMW and p.numel:
             views += [x[p.flat_offset : p.flat_offset + p.numel] for x in state["adamw"].values()]
     return views

@@ -17,8 +17,8 @@ torch.compile. ``gather`` and ``scatter`` are exact inverses (only views, slices
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import torch
 
@@ -134,7 +134,10 @@ def batched_view(shape: Sequence[int], batch_dims: int) -> tuple[str, tuple[int,
     index independent matrices: E matrices of view (R, C) are one (E R, C) view whose row
     bands [e R, (e + 1) R) are blocked apart (docs/ALGORITHM.md 2.1 for each)."""
     if not 0 <= batch_dims < max(len(shape), 1):
-        raise ValueError(f"batch_dims must be in [0, {max(len(shape) - 1, 0)}] for a parameter of shape {tuple(shape)}, got {batch_dims}")
+        raise ValueError(
+            f"batch_dims must be in [0, {max(len(shape) - 1, 0)}] for a parameter of shape {tuple(shape)}, "
+            f"got {batch_dims}"
+        )
     count = 1
     for d in shape[:batch_dims]:
         count *= d
@@ -145,7 +148,10 @@ def batched_view(shape: Sequence[int], batch_dims: int) -> tuple[str, tuple[int,
 
 
 def make_plan(
-    shapes: Sequence[tuple[str, tuple[int, ...], torch.dtype]], block_size: int, one_dim: str, batch_dims: Mapping[str, int] | None = None
+    shapes: Sequence[tuple[str, tuple[int, ...], torch.dtype]],
+    block_size: int,
+    one_dim: str,
+    batch_dims: Mapping[str, int] | None = None,
 ) -> Plan:
     """Build the plan for parameters given as (name, shape, dtype) in canonical order;
     ``batch_dims[name] = k`` makes a parameter's leading k dims index independent matrices."""
@@ -174,13 +180,26 @@ def make_plan(
                             group_keys.append(key)
                             group_counts.append(0)
                         g = group_index[key]
-                        regions.append(Region(first_row + row_start, n_rows, block_rows, col_start, n_cols, block_cols, g, group_counts[g]))
+                        regions.append(
+                            Region(
+                                first_row + row_start,
+                                n_rows,
+                                block_rows,
+                                col_start,
+                                n_cols,
+                                block_cols,
+                                g,
+                                group_counts[g],
+                            )
+                        )
                         group_counts[g] += n_rows * n_cols
         params.append(ParamPlan(name, tuple(shape), dtype, kind, (R, C), tuple(regions), adamw_numel, k))
         if kind == ADAMW:
             adamw_numel += R
 
-    groups = lay_out_factors([(rows, cols, one_sided, count) for (rows, cols, one_sided), count in zip(group_keys, group_counts)])
+    groups = lay_out_factors(
+        [(rows, cols, one_sided, count) for (rows, cols, one_sided), count in zip(group_keys, group_counts)]
+    )
     factors = stack_sizes(groups)
     dtype = torch.float64 if any(dtype == torch.float64 for _, _, dtype in shapes) else torch.float32
     return Plan(block_size, dtype, tuple(params), groups, factors, adamw_numel)
@@ -226,7 +245,9 @@ def stack_sizes(groups: Sequence[BlockGroup]) -> tuple[FactorStack, ...]:
 def region_blocks(view: torch.Tensor, region: Region) -> torch.Tensor:
     """The region's blocks of a 2-D view as a (count, block_rows, block_cols) stack, row-major."""
     r, c = region.block_rows, region.block_cols
-    sub = view[region.row_start : region.row_start + region.n_rows * r, region.col_start : region.col_start + region.n_cols * c]
+    sub = view[
+        region.row_start : region.row_start + region.n_rows * r, region.col_start : region.col_start + region.n_cols * c
+    ]
     return sub.reshape(region.n_rows, r, region.n_cols, c).permute(0, 2, 1, 3).reshape(region.count, r, c)
 
 
@@ -240,7 +261,11 @@ def gather(plan: Plan, tensors: Sequence[torch.Tensor], dtype: torch.dtype) -> l
                 pieces[region.group].append(region_blocks(view, region))
     device = tensors[0].device if tensors else None
     return [
-        blocks[0] if len(blocks) == 1 else torch.cat(blocks) if blocks else torch.zeros(0, g.rows, g.cols, dtype=dtype, device=device)
+        blocks[0]
+        if len(blocks) == 1
+        else torch.cat(blocks)
+        if blocks
+        else torch.zeros(0, g.rows, g.cols, dtype=dtype, device=device)
         for g, blocks in zip(plan.groups, pieces)
     ]
 
@@ -251,7 +276,11 @@ def scatter_param(p: ParamPlan, stacks: Sequence[torch.Tensor]) -> torch.Tensor:
     for region in p.regions:
         blocks = stacks[region.group][region.offset : region.offset + region.count]
         r, c = region.block_rows, region.block_cols
-        tile = blocks.reshape(region.n_rows, region.n_cols, r, c).permute(0, 2, 1, 3).reshape(region.n_rows * r, region.n_cols * c)
+        tile = (
+            blocks.reshape(region.n_rows, region.n_cols, r, c)
+            .permute(0, 2, 1, 3)
+            .reshape(region.n_rows * r, region.n_cols * c)
+        )
         if region.col_start == 0:
             rows.append([tile])
         else:
@@ -263,4 +292,3 @@ def scatter_param(p: ParamPlan, stacks: Sequence[torch.Tensor]) -> torch.Tensor:
 def block_ranges(p: ParamPlan) -> list[tuple[int, int, int]]:
     """``(group, start, stop)``: where each of the parameter's regions lies in its block stack."""
     return [(r.group, r.offset, r.offset + r.count) for r in p.regions]
-

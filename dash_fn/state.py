@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, cast
 
 import torch
 from tensordict import TensorDict
@@ -16,8 +17,15 @@ from .inputs import check_params, flatten
 from .plan import Plan, make_plan
 from .roots import resolve_solver, start_vectors, uses_start_vectors
 
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
-def init(params, config: DashConfig = DashConfig(), process_group=None, batch_dims: Mapping[str, int] | None = None) -> TensorDict:
+    from .distributed import FsdpShard, Shard
+
+
+def init(
+    params, config: DashConfig = DashConfig(), process_group=None, batch_dims: Mapping[str, int] | None = None
+) -> TensorDict:
     """Create the DASH state for ``params`` (a Mapping[str, Tensor] or a TensorDict).
 
     ``batch_dims={name: k}`` declares that the leading k dims of a parameter index independent
@@ -71,15 +79,19 @@ def init(params, config: DashConfig = DashConfig(), process_group=None, batch_di
         raise TypeError("init: params are FSDP2 DTensors, whose DeviceMesh names the ranks; pass process_group=None")
     mesh, dim = mesh
     rank, world_size = mesh.get_local_rank(dim), mesh.size(dim)
-    for (name, shape, _), x in zip(specs, tensors):
+    dtensors = cast("list[DTensor]", tensors)  # check_dtensors found their mesh: every param is a DTensor
+    for (name, shape, _), x in zip(specs, dtensors):
         if tuple(x.to_local().shape) != local_shape(shape, world_size, rank):
             raise ValueError(
                 f"init: params[{name!r}] holds a shard of shape {tuple(x.to_local().shape)} on rank {rank}, not the "
-                f"{local_shape(shape, world_size, rank)} of FSDP2's even Shard(0) split of {shape} over {world_size} ranks"
+                f"{local_shape(shape, world_size, rank)} of FSDP2's even Shard(0) split of {shape} "
+                f"over {world_size} ranks"
             )
-    device = tensors[0].to_local().device
+    device = dtensors[0].to_local().device
     _warn_about_precision(config, device)
-    return make_state(specs, config, device, rank, world_size, mesh.get_group(dim).group_name, sharding="fsdp", batch_dims=batch_dims)
+    return make_state(
+        specs, config, device, rank, world_size, mesh.get_group(dim).group_name, sharding="fsdp", batch_dims=batch_dims
+    )
 
 
 def make_state(
@@ -95,12 +107,15 @@ def make_state(
     """The initial state for parameters given as (name, shape, dtype), for one rank of W whose
     parameters are whole (``sharding="replicated"``) or FSDP2 row shards (``"fsdp"``)."""
     plan = make_plan(specs, config.block_size, config.one_dim, batch_dims)
+    shard: Shard | FsdpShard
     if sharding == "fsdp":
         shard = make_fsdp_shard(plan, rank, world_size, group_name, config.fsdp_blocks, config.one_dim)
     else:
         shard = make_shard(plan, rank, world_size, group_name)
     state = TensorDict(_layout(shard.local, config, device), batch_size=[], device=device)
-    return mark_static(state.set_non_tensor("config", config).set_non_tensor("plan", plan).set_non_tensor("shard", shard))
+    return mark_static(
+        state.set_non_tensor("config", config).set_non_tensor("plan", plan).set_non_tensor("shard", shard)
+    )
 
 
 def mark_static(state: TensorDict) -> TensorDict:
@@ -125,14 +140,20 @@ def check_batch_dims(batch_dims: Mapping[str, int] | None, specs) -> dict[str, i
     shapes = {name: shape for name, shape, _ in specs}
     for name, k in batch_dims.items():
         if name not in shapes:
-            raise ValueError(f"init: batch_dims names {name!r}, which is not a parameter (parameters: {sorted(shapes)[:8]}...)")
+            raise ValueError(
+                f"init: batch_dims names {name!r}, which is not a parameter (parameters: {sorted(shapes)[:8]}...)"
+            )
         if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k < max(len(shapes[name]), 1):
-            raise ValueError(f"init: batch_dims[{name!r}] must be an integer in [0, {max(len(shapes[name]) - 1, 0)}] for shape {shapes[name]}, got {k!r}")
+            raise ValueError(
+                f"init: batch_dims[{name!r}] must be an integer in [0, {max(len(shapes[name]) - 1, 0)}] "
+                f"for shape {shapes[name]}, got {k!r}"
+            )
     for name, shape, _ in specs:
         squeezed = [d for d in shape if d != 1]
         if name not in batch_dims and len(squeezed) > 2 and not all(d <= 11 for d in squeezed[2:]):
             warnings.warn(
-                f"parameter {name!r} of shape {tuple(shape)} is viewed as one ({squeezed[0]}, {math.prod(squeezed[1:])}) matrix; "
+                f"parameter {name!r} of shape {tuple(shape)} "
+                f"is viewed as one ({squeezed[0]}, {math.prod(squeezed[1:])}) matrix; "
                 "if its leading dims index independent matrices (experts, heads), declare them, so that each gets "
                 f"its own factors: batch_dims={{{name!r}: 1}} in dash_fn.init, or in dash_fn.DASH a param group of "
                 'its own with "batch_dims": 1 (e.g. {"params": [...], "batch_dims": 1})',
@@ -201,7 +222,11 @@ def _warn_about_precision(config: DashConfig, device: torch.device) -> None:
     if solver == "eigh" or config.matmul_dtype == "float32":
         return
     if solver == "ndb":
-        warnings.warn(f"NDB with matmul_dtype={config.matmul_dtype} is reported unstable (the DASH paper ran NDB in float32 only)", stacklevel=3)
+        warnings.warn(
+            f"NDB with matmul_dtype={config.matmul_dtype} is reported unstable "
+            "(the DASH paper ran NDB in float32 only)",
+            stacklevel=3,
+        )
     if device.type not in ("cuda", "xpu"):
         warnings.warn(
             f"matmul_dtype={config.matmul_dtype} on {device.type}: torch has no {config.matmul_dtype} product with "

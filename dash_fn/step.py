@@ -80,7 +80,9 @@ def step(params, grads, state: TensorDict, *, lr, refresh: bool | None = None):
     return rebuild(params, keys, [like(x, updated[n]) for n, x in zip(names, param_list)]), state
 
 
-def _apply(strategy: Strategy, plan: Plan, shard, config: DashConfig, state: TensorDict, params, grads, lr, refresh) -> list[torch.Tensor]:
+def _apply(
+    strategy: Strategy, plan: Plan, shard, config: DashConfig, state: TensorDict, params, grads, lr, refresh
+) -> list[torch.Tensor]:
     """Steps b-h on this rank's blocks (``shard.local``), the directions brought to the
     parameters' rows (:mod:`dash_fn.distributed`), then a and i on this rank's params; under
     the non-finite guard (:mod:`dash_fn.guard`) a step that is not all finite changes nothing
@@ -149,7 +151,9 @@ def _bias_corrections(config: DashConfig, plan: Plan, t: torch.Tensor) -> dict:
         wanted["m"], wanted["v"] = (config.adamw_beta1, False), (config.adamw_beta2, True)
     found = dict.fromkeys(("G", "A", "m", "v"))
     if wanted:
-        values = _corrections(t, [beta for beta, _ in wanted.values()], [root for _, root in wanted.values()], plan.dtype)
+        values = _corrections(
+            t, [beta for beta, _ in wanted.values()], [root for _, root in wanted.values()], plan.dtype
+        )
         found.update(zip(wanted, values))
     return found
 
@@ -180,7 +184,8 @@ def _factor_emas(plan: Plan, config: DashConfig, state: TensorDict, products, ok
         for side, X in sides:
             F = state["factors", str(side.stack), "F"][side.offset : side.offset + group.count]
             if isinstance(X, tuple):  # the product's operands (dash_fn.cpu)
-                cpu.factor_ema_in_product(F, *X, config.beta_LR)
+                a, b = X
+                cpu.factor_ema_in_product(F, a, b, config.beta_LR)
             elif config.beta_LR < 1:
                 # one write to the slice: Inductor turns each in-place op on a slice into a
                 # masked scatter over the whole stack, and two of them per side into a nest of
@@ -190,7 +195,9 @@ def _factor_emas(plan: Plan, config: DashConfig, state: TensorDict, products, ok
                 F.add_(X)
 
 
-def _adam_direction(strategy: Strategy, config: DashConfig, entry: TensorDict, G: torch.Tensor, corrections: dict, t, ok):
+def _adam_direction(
+    strategy: Strategy, config: DashConfig, entry: TensorDict, G: torch.Tensor, corrections: dict, t, ok
+):
     """Grafting moment (c), gradient EMA (e) and Adam direction (f) of one group's blocks:
     returns ``(Gt, D)`` (``Gt`` is G itself without a gradient EMA); decays gated by ``ok``
     (eager on the CPU, unguarded, in one pass: :func:`dash_fn.cpu.fused_adam_direction`)."""
@@ -222,7 +229,9 @@ def _refresh(strategy: Strategy, plan: Plan, config: DashConfig, state: TensorDi
     factors), or, with ``refresh=None`` under host reads, when the counter ``t`` says so."""
     F = [state["factors", str(k), "F"] for k in range(len(plan.factors))]
     Fbar = [state["factors", str(k), "Fbar"] for k in range(len(plan.factors))]
-    start = [state["start_vectors", str(stack.size)] if "start_vectors" in state.keys() else None for stack in plan.factors]
+    start = [
+        state["start_vectors", str(stack.size)] if "start_vectors" in state.keys() else None for stack in plan.factors
+    ]
 
     if refresh is None:  # host reads only (step checked it)
         s, f = config.start_prec_step, config.inv_root_freq
@@ -252,7 +261,9 @@ def _scaled_norm(X: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(X / safe, dim=(-2, -1), keepdim=True) * peak
 
 
-def _direction(strategy: Strategy, plan: Plan, config: DashConfig, state: TensorDict, g: int, Gt: torch.Tensor, D: torch.Tensor, t):
+def _direction(
+    strategy: Strategy, plan: Plan, config: DashConfig, state: TensorDict, g: int, Gt: torch.Tensor, D: torch.Tensor, t
+):
     """For t >= s the grafted Shampoo direction (g) from the gradient EMA ``Gt`` and the Adam
     direction ``D``; before, ``D``."""
     s = config.start_prec_step
@@ -262,7 +273,9 @@ def _direction(strategy: Strategy, plan: Plan, config: DashConfig, state: Tensor
     left = state["factors", str(group.left.stack), "Fbar"][group.left.offset : group.left.offset + group.count]
     U = stacked_matmul(left, Gt)
     if group.right is not None:
-        U = stacked_matmul(U, state["factors", str(group.right.stack), "Fbar"][group.right.offset : group.right.offset + group.count])
+        U = stacked_matmul(
+            U, state["factors", str(group.right.stack), "Fbar"][group.right.offset : group.right.offset + group.count]
+        )
     graft = torch.linalg.vector_norm(D, dim=(-2, -1), keepdim=True)
     P = U.mul_(graft / (_block_norm(strategy, U) + 1e-16))  # U: this step's own product
     return P if s == 1 else torch.where(t >= s, P, D)
@@ -274,7 +287,18 @@ def _momentum(config: DashConfig, M: torch.Tensor, P: torch.Tensor, ok) -> torch
     return P + config.mu * M if config.nesterov else M.clone()
 
 
-def _update_params(strategy: Strategy, plan: Plan, config: DashConfig, state: TensorDict, params, grads, updates, lr, corrections: dict, ok):
+def _update_params(
+    strategy: Strategy,
+    plan: Plan,
+    config: DashConfig,
+    state: TensorDict,
+    params,
+    grads,
+    updates,
+    lr,
+    corrections: dict,
+    ok,
+):
     """Weight decay (a) and the update (i) for matrices; AdamW (j) for vectors (``plan``
     describes the tensors this rank holds)."""
     adamw_dirs = _adamw_directions(plan, config, state, grads, corrections, ok) if plan.adamw_numel else None
@@ -284,6 +308,7 @@ def _update_params(strategy: Strategy, plan: Plan, config: DashConfig, state: Te
             out.append(W)
             continue
         if p.kind == ADAMW:
+            assert adamw_dirs is not None  # a plan with ADAMW params has adamw_numel > 0
             update, decay = adamw_dirs[p.flat_offset : p.flat_offset + p.numel].reshape(p.shape), config.vector_decay
         else:
             decay = config.vector_decay if p.kind == SEGMENTS else config.weight_decay

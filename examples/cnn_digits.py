@@ -34,8 +34,15 @@ def load_digits_tensors(seed: int):
 def make_model(seed: int) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1), nn.GELU(), nn.Conv2d(16, 32, 3, padding=1), nn.GELU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 32, 3, padding=1), nn.GELU(), nn.Flatten(), nn.Linear(32 * 16, 10),
+        nn.Conv2d(1, 16, 3, padding=1),
+        nn.GELU(),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.GELU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 32, 3, padding=1),
+        nn.GELU(),
+        nn.Flatten(),
+        nn.Linear(32 * 16, 10),
     )
 
 
@@ -67,20 +74,29 @@ def run(optimizer: str, lr: float, steps: int, seed: int, data) -> tuple[float, 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=300, help="training steps of each optimizer")
     parser.add_argument("--lr", type=float, default=3e-3, help="learning rate of both optimizers")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the train/test split, the initialization and the batches")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the train/test split, the initialization and the batches"
+    )
     args = parser.parse_args(argv)
     data = load_digits_tensors(args.seed)
     params = dict(make_model(args.seed).named_parameters())
-    plan = dash_fn.init({k: v.detach() for k, v in params.items()}, dash_fn.DashConfig(block_size=128, solver="eigh"))["plan"]
+    plan = dash_fn.init({k: v.detach() for k, v in params.items()}, dash_fn.DashConfig(block_size=128, solver="eigh"))[
+        "plan"
+    ]
     for p in plan.params:
         blocks = ", ".join(f"{r.count} x ({r.block_rows}, {r.block_cols})" for r in p.regions) or "AdamW"
         print(f"{p.name:12s} {str(p.shape):18s} viewed as {str(p.view):12s} -> {blocks}")
     for optimizer in ("adamw", "dash"):
         loss, accuracy = run(optimizer, args.lr, args.steps, args.seed, data)
-        print(f"{optimizer:6s} lr {args.lr:g}: test loss {loss:.4f}, test accuracy {100 * accuracy:.1f}% after {args.steps} steps")
+        print(
+            f"{optimizer:6s} lr {args.lr:g}: test loss {loss:.4f}, "
+            f"test accuracy {100 * accuracy:.1f}% after {args.steps} steps"
+        )
 
 
 if __name__ == "__main__":

@@ -71,7 +71,9 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=40, help="training steps")
     parser.add_argument("--solver", default="eigh", help="root solver")
     parser.add_argument("--block-size", type=int, default=128, help="DASH block size")
@@ -80,7 +82,12 @@ def _main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backend", default="inductor", help="torch.compile backend")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     parser.add_argument("--d-model", type=int, default=128, help="model width")
-    parser.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=True, help="torch.use_deterministic_algorithms (no measurable cost on CPU)")
+    parser.add_argument(
+        "--deterministic",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="torch.use_deterministic_algorithms (no measurable cost on CPU)",
+    )
     args = parser.parse_args(argv)
     if args.deterministic:  # warn_only off the CPU: there it is untested (no GPU was available)
         if args.device.startswith("cuda"):
@@ -92,7 +99,9 @@ def _main(argv: list[str] | None = None) -> None:
         compile_kwargs["mode"] = "reduce-overhead"  # CUDA graphs
 
     torch.manual_seed(0)
-    model = Llama(LlamaConfig(d_model=args.d_model, n_layers=2, mlp_hidden=(8 * args.d_model) // 3, context=64)).to(device)
+    model = Llama(LlamaConfig(d_model=args.d_model, n_layers=2, mlp_hidden=(8 * args.d_model) // 3, context=64)).to(
+        device
+    )
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     config = dash_fn.DashConfig(block_size=args.block_size, solver=args.solver, inv_root_freq=args.inv_root_freq)
     state = dash_fn.init(params, config)
@@ -107,7 +116,10 @@ def _main(argv: list[str] | None = None) -> None:
         start = time.perf_counter()
         params, state, loss = train_step(params, state, tokens, lr, t)
         if t == 1 or t % 10 == 0 or t == args.steps:
-            print(f"step {t:4d}  loss {float(loss):.4f}  lr {float(lr):.2e}  {1e3 * (time.perf_counter() - start):8.1f} ms")
+            print(
+                f"step {t:4d}  loss {float(loss):.4f}  lr {float(lr):.2e}  "
+                f"{1e3 * (time.perf_counter() - start):8.1f} ms"
+            )
     print(f"graphs compiled: {torch._dynamo.utils.counters['stats']['unique_graphs']}")
 
 

@@ -38,7 +38,11 @@ def state_bytes(opt: dash_fn.DASH) -> int:
     total = 0
     for entry in opt.state.values():
         state = entry["dash"]
-        total += sum(x.numel() * x.element_size() for x in state.values(include_nested=True, leaves_only=True) if isinstance(x, torch.Tensor))
+        total += sum(
+            x.numel() * x.element_size()
+            for x in state.values(include_nested=True, leaves_only=True)
+            if isinstance(x, torch.Tensor)
+        )
     return total
 
 
@@ -48,7 +52,9 @@ def next_byte_loss(model, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=100, help="training steps")
     parser.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
     parser.add_argument("--context", type=int, default=64, help="bytes per sequence")
@@ -59,7 +65,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--block-size", type=int, default=128, help="DASH block size")
     parser.add_argument("--solver", default="auto", help="root solver")
     parser.add_argument("--inv-root-freq", type=int, default=10, help="steps between inverse-root refreshes")
-    parser.add_argument("--comm-dtype", choices=["float32", "bfloat16"], default="float32", help="dtype of the gathered directions")
+    parser.add_argument(
+        "--comm-dtype", choices=["float32", "bfloat16"], default="float32", help="dtype of the gathered directions"
+    )
     parser.add_argument("--corpus-bytes", type=int, default=2_000_000, help="bytes of standard-library source to read")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
@@ -74,7 +82,13 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.set_device(device)
 
     torch.manual_seed(0)  # the same initial model on every rank
-    config = LlamaConfig(d_model=args.d_model, n_layers=args.n_layers, n_heads=max(1, args.d_model // 32), mlp_hidden=8 * args.d_model // 3, context=args.context)
+    config = LlamaConfig(
+        d_model=args.d_model,
+        n_layers=args.n_layers,
+        n_heads=max(1, args.d_model // 32),
+        mlp_hidden=8 * args.d_model // 3,
+        context=args.context,
+    )
     model = Llama(config).to(device)
     trained = DistributedDataParallel(model) if distributed else model
     opt = dash_fn.DASH(
@@ -110,7 +124,13 @@ def main(argv: list[str] | None = None) -> None:
             steps.set_postfix(loss=f"{loss:.3f}", ms=f"{1e3 * wall / max(1, t - 1):.0f}")
 
     with torch.no_grad():
-        val = sum(float(next_byte_loss(model, batch_at(val_data, -1 - i, args.batch, args.context, seed=0).to(device))) for i in range(4)) / 4
+        val = (
+            sum(
+                float(next_byte_loss(model, batch_at(val_data, -1 - i, args.batch, args.context, seed=0).to(device)))
+                for i in range(4)
+            )
+            / 4
+        )
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     mine = torch.tensor([state_bytes(opt)], device=device)
     if distributed:
@@ -123,8 +143,14 @@ def main(argv: list[str] | None = None) -> None:
         identical, per_rank = True, [mine]
     if rank == 0:
         params = sum(p.numel() for p in model.parameters())
-        print(f"ranks {world_size}, {params} parameters, {args.steps} steps: val loss {val:.4f}, {1e3 * wall / max(1, args.steps - 1):.1f} ms/step")
-        print("optimizer state bytes per rank: " + ", ".join(f"{int(b)} ({int(b) / params:.2f} B/param)" for b in per_rank))
+        print(
+            f"ranks {world_size}, {params} parameters, {args.steps} steps: val loss {val:.4f}, "
+            f"{1e3 * wall / max(1, args.steps - 1):.1f} ms/step"
+        )
+        print(
+            "optimizer state bytes per rank: "
+            + ", ".join(f"{int(b)} ({int(b) / params:.2f} B/param)" for b in per_rank)
+        )
         print(f"parameters bitwise identical on all ranks: {identical}")
     if distributed:
         dist.destroy_process_group()

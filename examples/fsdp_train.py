@@ -57,7 +57,9 @@ def resume(path: str, model, opt) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=100, help="train up to this step (a resumed run too)")
     parser.add_argument("--batch", type=int, default=8, help="sequences per step, split evenly across the ranks")
     parser.add_argument("--context", type=int, default=64, help="bytes per sequence")
@@ -67,10 +69,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=10, help="linear warm-up steps, then cosine decay")
     parser.add_argument("--block-size", type=int, default=128, help="DASH block size")
     parser.add_argument("--inv-root-freq", type=int, default=10, help="steps between inverse-root refreshes")
-    parser.add_argument("--fsdp-blocks", choices=["exact", "local"], default="exact", help="blocks as in one process, or cut at shard edges (resumes at the same world size only)")
+    parser.add_argument(
+        "--fsdp-blocks",
+        choices=["exact", "local"],
+        default="exact",
+        help="blocks as in one process, or cut at shard edges (resumes at the same world size only)",
+    )
     parser.add_argument("--corpus-bytes", type=int, default=2_000_000, help="bytes of standard-library source to read")
     parser.add_argument("--checkpoint-dir", default=None, help="save DIR/step_N with DCP")
-    parser.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: only at the end)")
+    parser.add_argument(
+        "--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: only at the end)"
+    )
     parser.add_argument("--resume", default=None, help="a checkpoint directory (DIR/step_N) to continue from")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
@@ -88,13 +97,26 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.set_device(device)
 
     torch.manual_seed(0)  # the same initial model on every rank, before fully_shard splits it
-    config = LlamaConfig(d_model=args.d_model, n_layers=args.n_layers, n_heads=max(1, args.d_model // 32), mlp_hidden=8 * args.d_model // 3, context=args.context)
+    config = LlamaConfig(
+        d_model=args.d_model,
+        n_layers=args.n_layers,
+        n_heads=max(1, args.d_model // 32),
+        mlp_hidden=8 * args.d_model // 3,
+        context=args.context,
+    )
     model = Llama(config).to(device)
     mesh = init_device_mesh(device.type, (world_size,))
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = dash_fn.DASH(model.parameters(), lr=args.lr, block_size=args.block_size, solver="eigh", inv_root_freq=args.inv_root_freq, fsdp_blocks=args.fsdp_blocks)
+    opt = dash_fn.DASH(
+        model.parameters(),
+        lr=args.lr,
+        block_size=args.block_size,
+        solver="eigh",
+        inv_root_freq=args.inv_root_freq,
+        fsdp_blocks=args.fsdp_blocks,
+    )
     start = resume(args.resume, model, opt) if args.resume else 0
     train_data, val_data = stdlib_corpus(args.corpus_bytes)
 
@@ -122,12 +144,21 @@ def main(argv: list[str] | None = None) -> None:
             written = save(args.checkpoint_dir, t, model, opt)
 
     with torch.no_grad():  # every rank runs the same batches: FSDP2 all-gathers in each forward
-        val = sum(float(next_byte_loss(model, batch_at(val_data, -1 - i, args.batch, args.context, seed=0).to(device))) for i in range(4)) / 4
+        val = (
+            sum(
+                float(next_byte_loss(model, batch_at(val_data, -1 - i, args.batch, args.context, seed=0).to(device)))
+                for i in range(4)
+            )
+            / 4
+        )
     per_rank = [None] * world_size
     dist.all_gather_object(per_rank, state_bytes(opt))
     if rank == 0:
         params = sum(p.numel() for p in model.parameters())
-        print(f"ranks {world_size}, {params} parameters, steps {start + 1}-{args.steps}" + (f", resumed from {args.resume}" if args.resume else ""))
+        print(
+            f"ranks {world_size}, {params} parameters, steps {start + 1}-{args.steps}"
+            + (f", resumed from {args.resume}" if args.resume else "")
+        )
         print(f"final validation loss: {val:.6f}")
         print(f"mean step time: {1e3 * wall / max(1, timed):.1f} ms")
         print("optimizer state bytes per rank: " + ", ".join(f"{b} ({b / params:.2f} B/param)" for b in per_rank))

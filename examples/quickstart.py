@@ -33,7 +33,9 @@ def model_and_params(seed: int) -> tuple[nn.Module, dict[str, torch.Tensor]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=200, help="training steps of each optimizer")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data and the initialization")
     args = parser.parse_args()

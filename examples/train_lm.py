@@ -1,6 +1,7 @@
 """Train a small byte-level Llama on the Python standard library's source, DASH beside AdamW.
 
-    python examples/train_lm.py                                  # the default comparison (1.5 min on 2 idle CPU cores, 8 on busy ones)
+    python examples/train_lm.py                                  # the default comparison
+                                                                 # (1.5 min on 2 idle CPU cores, 8 on busy ones)
     python examples/train_lm.py --runs adamw@1e-3 dash-ndb@3e-3 --seeds 0 1 2
     python examples/train_lm.py --data my_corpus.txt --d-model 256 --device cuda
 
@@ -77,7 +78,9 @@ PEERS = ("adamw", "muon", "soap", "psgd")  # torch.optim-style optimizers (soap,
 def parse_run(spec: str) -> tuple[str, float]:
     name, _, lr = spec.partition("@")
     if name not in PEERS and not (name == "dash" or name.startswith("dash-")):
-        raise SystemExit(f"unknown optimizer {name!r}: use {', '.join(PEERS)}, dash, dash-SOLVER, dash-defaults or dash-paper")
+        raise SystemExit(
+            f"unknown optimizer {name!r}: use {', '.join(PEERS)}, dash, dash-SOLVER, dash-defaults or dash-paper"
+        )
     return name, float(lr)
 
 
@@ -88,7 +91,11 @@ def peer_optimizers(name: str, leaves: dict, args) -> list:
     SOAP and PSGDKron are HeavyBall's (``pip install -e ".[bench]"``) with their defaults,
     betas (0.9, 0.95) where they take them, and the run's weight decay."""
     if name == "adamw":
-        return [torch.optim.AdamW(list(leaves.values()), lr=0.0, betas=(0.9, 0.95), weight_decay=args.weight_decay, foreach=True)]
+        return [
+            torch.optim.AdamW(
+                list(leaves.values()), lr=0.0, betas=(0.9, 0.95), weight_decay=args.weight_decay, foreach=True
+            )
+        ]
     if name == "muon":
         hidden = [v for k, v in leaves.items() if v.ndim == 2 and k.startswith("blocks.")]
         rest = [v for k, v in leaves.items() if not (v.ndim == 2 and k.startswith("blocks."))]
@@ -120,12 +127,21 @@ class Optimizer:
                 config = dash_fn.DashConfig.paper(weight_decay=args.weight_decay)
             else:
                 solver = name.partition("-")[2] or "auto"
-                config = dash_fn.DashConfig(block_size=args.block_size, solver=solver, inv_root_freq=args.inv_root_freq, weight_decay=args.weight_decay)
+                config = dash_fn.DashConfig(
+                    block_size=args.block_size,
+                    solver=solver,
+                    inv_root_freq=args.inv_root_freq,
+                    weight_decay=args.weight_decay,
+                )
             if args.eps is not None:
                 config = config.replace(eps=args.eps)
             self.state = dash_fn.init(params, config, batch_dims=expert_weights(params))
             # dynamic=False: a second config's plan (another block size) would otherwise turn its ints symbolic
-            self.step = torch.compile(dash_fn.step, fullgraph=True, backend=args.backend, dynamic=False) if args.backend != "none" else dash_fn.step
+            self.step = (
+                torch.compile(dash_fn.step, fullgraph=True, backend=args.backend, dynamic=False)
+                if args.backend != "none"
+                else dash_fn.step
+            )
 
     def update(self, params: dict, grads: dict, lr: torch.Tensor, refresh: bool | None) -> dict:
         if self.name in PEERS:
@@ -147,11 +163,25 @@ class Optimizer:
 
 @torch.no_grad()
 def evaluate(loss_fn, params, data, args, seed) -> float:
-    losses = [float(loss_fn(params, batch_at(data, -1 - i, args.batch, args.context, seed).to(args.device))) for i in range(args.eval_batches)]
+    losses = [
+        float(loss_fn(params, batch_at(data, -1 - i, args.batch, args.context, seed).to(args.device)))
+        for i in range(args.eval_batches)
+    ]
     return sum(losses) / len(losses)
 
 
-def train(name: str, peak_lr: float, seed: int, loss_fn, grad_fn, init_params: dict, corpus, args, progress, final: dict | None = None) -> dict:
+def train(
+    name: str,
+    peak_lr: float,
+    seed: int,
+    loss_fn,
+    grad_fn,
+    init_params: dict,
+    corpus,
+    args,
+    progress,
+    final: dict | None = None,
+) -> dict:
     """One run. Wall time counts the train steps, not the evaluations, and not the steps that
     compile: the first two (HeavyBall's optimizers compile on their second call) and DASH's
     first plain and first refresh step; their time is logged apart as compile_s. ``final``, if given, receives the final
@@ -160,7 +190,19 @@ def train(name: str, peak_lr: float, seed: int, loss_fn, grad_fn, init_params: d
     params = {k: v.clone() for k, v in init_params.items()}
     opt = Optimizer(name, params, args)
     lr = torch.tensor(0.0, device=args.device)
-    log = {"optimizer": name, "lr": peak_lr, "seed": seed, "compile_s": 0.0, "timed_steps": 0, "step": [], "train_loss": [], "wall": [], "val_step": [], "val_loss": [], "val_wall": []}
+    log = {
+        "optimizer": name,
+        "lr": peak_lr,
+        "seed": seed,
+        "compile_s": 0.0,
+        "timed_steps": 0,
+        "step": [],
+        "train_loss": [],
+        "wall": [],
+        "val_step": [],
+        "val_loss": [],
+        "val_wall": [],
+    }
     wall, kinds = 0.0, set()
     bar = progress(range(1, args.steps + 1), desc=f"{name}@{peak_lr:g} seed {seed}", leave=True)
     for t in bar:
@@ -215,12 +257,18 @@ def summarize(logs: list[dict], args) -> str:
         by_run.setdefault(f"{log['optimizer']}@{log['lr']:g}", []).append(log)
     adamw: dict[int, dict] = {}  # per seed, the best AdamW run (lowest final validation loss)
     for log in logs:
-        if log["optimizer"] == "adamw" and log["val_loss"][-1] < adamw.get(log["seed"], {"val_loss": [math.inf]})["val_loss"][-1]:
+        if (
+            log["optimizer"] == "adamw"
+            and log["val_loss"][-1] < adamw.get(log["seed"], {"val_loss": [math.inf]})["val_loss"][-1]
+        ):
             adamw[log["seed"]] = log
     lines = [
-        f"Model: d_model {args.d_model}, {args.n_layers} layers, context {args.context}, batch {args.batch}; {args.steps} steps; block size {args.block_size}; device {args.device}.",
+        f"Model: d_model {args.d_model}, {args.n_layers} layers, context {args.context}, batch {args.batch}; "
+        f"{args.steps} steps; block size {args.block_size}; device {args.device}.",
         "",
-        "| run | seeds | final val loss (mean ± std) | steps to AdamW's final val loss (per seed) | fraction of AdamW's steps | seconds to it (mean) | fraction of AdamW's seconds | val loss at AdamW's seconds | ms / step | compile s |",
+        "| run | seeds | final val loss (mean ± std) | steps to AdamW's final val loss (per seed) | fraction of "
+        "AdamW's steps | seconds to it (mean) | fraction of AdamW's seconds | val loss at AdamW's seconds | ms / step "
+        "| compile s |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run, group in by_run.items():
@@ -229,21 +277,34 @@ def summarize(logs: list[dict], args) -> str:
         best = [adamw.get(g["seed"]) for g in group]
         reach = [steps_to_reach(g, b["val_loss"][-1]) if b else None for g, b in zip(group, best)]
         all_reached = bool(adamw) and all(r is not None for r in reach)
-        steps_frac = f"{statistics.mean(r[0] / args.steps for r in reach):.2f}" if all_reached else ("-" if not adamw else "not reached")
+        steps_frac = (
+            f"{statistics.mean(r[0] / args.steps for r in reach):.2f}"
+            if all_reached
+            else ("-" if not adamw else "not reached")
+        )
         seconds = f"{statistics.mean(r[1] for r in reach):.1f}" if all_reached else "-"
-        timed = all_reached and all(b["wall"][-1] > 0 for b in best)  # a 2-step run times nothing (steps 1 and 2 compile)
+        timed = all_reached and all(
+            b["wall"][-1] > 0 for b in best
+        )  # a 2-step run times nothing (steps 1 and 2 compile)
         wall_frac = f"{statistics.mean(r[1] / b['wall'][-1] for r, b in zip(reach, best)):.2f}" if timed else "-"
-        at_adamw_wall = f"{statistics.mean(loss_at_wall(g, b['wall'][-1]) for g, b in zip(group, best)):.4f}" if all(best) else "-"
+        at_adamw_wall = (
+            f"{statistics.mean(loss_at_wall(g, b['wall'][-1]) for g, b in zip(group, best)):.4f}" if all(best) else "-"
+        )
         ms = statistics.mean(1e3 * g["wall"][-1] / max(1, g["timed_steps"]) for g in group)
         per_seed = ", ".join("-" if r is None else str(r[0]) for r in reach)
         lines.append(
-            f"| {run} | {len(group)} | {statistics.mean(finals):.4f} ± {spread:.4f} | {per_seed} | {steps_frac} | {seconds} | {wall_frac} | {at_adamw_wall} | {ms:.0f} | {statistics.mean(g['compile_s'] for g in group):.0f} |"
+            f"| {run} | {len(group)} | {statistics.mean(finals):.4f} ± {spread:.4f} | {per_seed} | {steps_frac} | "
+            f"{seconds} | {wall_frac} | {at_adamw_wall} | {ms:.0f} | "
+            f"{statistics.mean(g['compile_s'] for g in group):.0f} |"
         )
     lines += [
         "",
-        f"Validation every {args.eval_every} steps on {args.eval_batches} fixed batches. 'Steps (seconds) to AdamW's final val loss': the first "
-        "evaluation at or below the final validation loss of the best AdamW run (over its learning rates) with the same seed, and the wall time "
-        "of the train steps until then; 'val loss at AdamW's seconds': the last evaluation within that AdamW run's total train-step time.",
+        f"Validation every {args.eval_every} steps on {args.eval_batches} fixed batches. 'Steps (seconds) to AdamW's "
+        "final val loss': the first "
+        "evaluation at or below the final validation loss of the best AdamW run (over its learning rates) with the "
+        "same seed, and the wall time "
+        "of the train steps until then; 'val loss at AdamW's seconds': "
+        "the last evaluation within that AdamW run's total train-step time.",
     ]
     return "\n".join(lines)
 
@@ -261,11 +322,13 @@ def plot(logs: list[dict], path: Path) -> None:
         color = colors.setdefault(run, f"C{len(colors)}")
         label = run if log["seed"] == min(l["seed"] for l in logs if f"{l['optimizer']}@{l['lr']:g}" == run) else None
         smooth = torch.tensor(log["train_loss"]).unfold(0, min(10, len(log["train_loss"])), 1).mean(1)
-        by_step.plot(log["step"][len(log["step"]) - len(smooth):], smooth, color=color, alpha=0.35, lw=1)
+        by_step.plot(log["step"][len(log["step"]) - len(smooth) :], smooth, color=color, alpha=0.35, lw=1)
         by_step.plot(log["val_step"], log["val_loss"], color=color, marker="o", ms=3, label=label)
         by_wall.plot(log["val_wall"], log["val_loss"], color=color, marker="o", ms=3, label=label)
     by_step.set(xlabel="step", ylabel="loss (nats per byte)", title="train (faint, 10-step mean) and validation loss")
-    by_wall.set(xlabel="wall time of the train steps (s)", ylabel="validation loss", title="validation loss against wall time")
+    by_wall.set(
+        xlabel="wall time of the train steps (s)", ylabel="validation loss", title="validation loss against wall time"
+    )
     for ax in (by_step, by_wall):
         ax.grid(alpha=0.3)
         ax.legend()
@@ -285,19 +348,39 @@ def _main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter, epilog=__doc__)
     # learning rates tuned on a grid of factors of ~3 at the default size (benchmarks/RESULTS.md)
-    parser.add_argument("--runs", nargs="+", default=["adamw@1e-3", "dash@3e-3"], help="OPTIMIZER@LR, e.g. adamw@1e-3 dash-ndb@3e-3; OPTIMIZER is adamw, muon, soap, psgd, dash, dash-SOLVER (eigh, ndb, cn, chebyshev), dash-defaults (DashConfig() as is) or dash-paper (DashConfig.paper())")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds of the initialization and the batches; every run trains once per seed")
+    parser.add_argument(
+        "--runs",
+        nargs="+",
+        default=["adamw@1e-3", "dash@3e-3"],
+        help="OPTIMIZER@LR, e.g. adamw@1e-3 dash-ndb@3e-3; OPTIMIZER is adamw, muon, soap, psgd, dash, "
+        "dash-SOLVER (eigh, ndb, cn, chebyshev), dash-defaults (DashConfig() as is) or dash-paper "
+        "(DashConfig.paper())",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="seeds of the initialization and the batches; every run trains once per seed",
+    )
     parser.add_argument("--steps", type=int, default=300, help="training steps per run")
     parser.add_argument("--batch", type=int, default=16, help="sequences per step")
     parser.add_argument("--context", type=int, default=64, help="bytes per sequence")
     parser.add_argument("--d-model", type=int, default=128, help="model width")
     parser.add_argument("--n-layers", type=int, default=2, help="transformer blocks")
     parser.add_argument("--n-heads", type=int, default=4, help="attention heads")
-    parser.add_argument("--experts", type=int, default=0, help="> 0: a mixture-of-experts feed-forward of this many experts, each preconditioned on its own (batch_dims)")
+    parser.add_argument(
+        "--experts",
+        type=int,
+        default=0,
+        help="> 0: a mixture-of-experts feed-forward of this many experts, each preconditioned on its own (batch_dims)",
+    )
     parser.add_argument("--block-size", type=int, default=128, help="DASH block size")
     parser.add_argument("--inv-root-freq", type=int, default=10, help="steps between DASH's inverse-root refreshes")
     parser.add_argument("--weight-decay", type=float, default=0.0, help="decoupled weight decay of every optimizer")
-    parser.add_argument("--warmup", type=int, default=20, help="linear warm-up steps, then cosine decay to 10%% of the peak lr")
+    parser.add_argument(
+        "--warmup", type=int, default=20, help="linear warm-up steps, then cosine decay to 10%% of the peak lr"
+    )
     parser.add_argument("--eval-every", type=int, default=25, help="steps between validation losses")
     parser.add_argument("--eval-batches", type=int, default=8, help="fixed validation batches per evaluation")
     parser.add_argument("--corpus-bytes", type=int, default=4_000_000, help="bytes of standard-library source to read")
@@ -306,9 +389,26 @@ def _main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     parser.add_argument("--out", default="runs/train_lm", help="directory for log.json, loss.png and summary.md")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    parser.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=True, help="torch.use_deterministic_algorithms: without it Inductor's CPU code sums the embedding gradient with atomic adds from several OpenMP threads, in an order that changes from run to run (no measurable cost on CPU: benchmarks/RESULTS.md, issue 13)")
-    parser.add_argument("--eps", type=float, default=None, help="DASH's eps (X + eps I is inverted) for every dash run; None keeps each run's config value (DashConfig's 1e-10)")
-    parser.add_argument("--save-params", metavar="PATH", help="torch.save the final parameters of every run, {'OPTIMIZER@LR seed S': {name: tensor}}")
+    parser.add_argument(
+        "--deterministic",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="torch.use_deterministic_algorithms: without it Inductor's CPU code sums the embedding gradient with "
+        "atomic adds from several OpenMP threads, in an order that changes from run to run (no measurable cost "
+        "on CPU: benchmarks/RESULTS.md, issue 13)",
+    )
+    parser.add_argument(
+        "--eps",
+        type=float,
+        default=None,
+        help="DASH's eps (X + eps I is inverted) for every dash run; "
+        "None keeps each run's config value (DashConfig's 1e-10)",
+    )
+    parser.add_argument(
+        "--save-params",
+        metavar="PATH",
+        help="torch.save the final parameters of every run, {'OPTIMIZER@LR seed S': {name: tensor}}",
+    )
     args = parser.parse_args(argv)
     runs = [parse_run(spec) for spec in args.runs]
     if args.deterministic:  # warn_only off the CPU: there it is untested (no GPU was available)
@@ -318,13 +418,25 @@ def _main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     corpus = file_corpus(args.data) if args.data else stdlib_corpus(args.corpus_bytes)
-    print(f"corpus: {len(corpus[0]):,} train bytes, {len(corpus[1]):,} validation bytes; torch {torch.__version__}, {args.device}, {torch.get_num_threads()} threads")
+    print(
+        f"corpus: {len(corpus[0]):,} train bytes, {len(corpus[1]):,} validation bytes; torch {torch.__version__}, "
+        f"{args.device}, {torch.get_num_threads()} threads"
+    )
     if args.no_progress:
         progress = lambda it, **kw: _Silent(it)
     else:
         from tqdm import tqdm as progress
     torch._dynamo.config.cache_size_limit = 64  # one graph per (optimizer config, seed's model) is expected
-    model = Llama(LlamaConfig(d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads, mlp_hidden=(8 * args.d_model) // 3, context=args.context, experts=args.experts)).to(args.device)
+    model = Llama(
+        LlamaConfig(
+            d_model=args.d_model,
+            n_layers=args.n_layers,
+            n_heads=args.n_heads,
+            mlp_hidden=(8 * args.d_model) // 3,
+            context=args.context,
+            experts=args.experts,
+        )
+    ).to(args.device)
     loss_fn = lambda p, tokens: next_byte_loss(model, p, tokens)
     grad_fn = torch.func.grad_and_value(loss_fn)
     if args.backend != "none":  # compiled once, shared by every run
@@ -338,7 +450,20 @@ def _main(argv: list[str] | None = None) -> None:
         init_params = {k: v.detach().clone() for k, v in model.named_parameters()}
         print(f"seed {seed}: {sum(v.numel() for v in init_params.values()):,} parameters")
         for name, lr in runs:
-            logs.append(train(name, lr, seed, loss_fn, grad_fn, init_params, corpus, args, progress, final if args.save_params else None))
+            logs.append(
+                train(
+                    name,
+                    lr,
+                    seed,
+                    loss_fn,
+                    grad_fn,
+                    init_params,
+                    corpus,
+                    args,
+                    progress,
+                    final if args.save_params else None,
+                )
+            )
             (out / "log.json").write_text(json.dumps({"args": vars(args), "runs": logs}))
     if args.save_params:
         torch.save(final, args.save_params)

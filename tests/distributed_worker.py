@@ -26,7 +26,10 @@ STEPS = 10
 SCENARIOS = {
     "eigh": (lambda: mixed_params(), dash_fn.DashConfig(block_size=8, solver="eigh", inv_root_freq=3)),
     "ndb": (lambda: mixed_params(), dash_fn.DashConfig(block_size=24, solver="ndb", inv_root_freq=2, mu=0.9)),
-    "one_dim_shampoo": (lambda: mixed_params(), dash_fn.DashConfig(block_size=16, solver="eigh", one_dim="shampoo", weight_decay=0.1)),
+    "one_dim_shampoo": (
+        lambda: mixed_params(),
+        dash_fn.DashConfig(block_size=16, solver="eigh", one_dim="shampoo", weight_decay=0.1),
+    ),
     "owns_nothing": (
         lambda: mixed_params(shapes={"w": (12, 10), "b": (10,)}),
         dash_fn.DashConfig(block_size=64, solver="cn"),
@@ -36,7 +39,10 @@ SCENARIOS = {
         lambda: mixed_params(shapes={f"w{i}": (48, 48) for i in range(4)}),
         dash_fn.DashConfig(block_size=16, solver="eigh"),
     ),
-    "moe": (lambda: mixed_params(shapes={"experts": (5, 20, 12), "b": (10,)}), dash_fn.DashConfig(block_size=8, solver="eigh", mu=0.5)),
+    "moe": (
+        lambda: mixed_params(shapes={"experts": (5, 20, 12), "b": (10,)}),
+        dash_fn.DashConfig(block_size=8, solver="eigh", mu=0.5),
+    ),
 }
 BATCH_DIMS = {"moe": {"experts": 1}}  # five experts, each its own matrix
 SCENARIOS["skips"] = (lambda: mixed_params(), dash_fn.DashConfig(block_size=8, solver="eigh", inv_root_freq=2, mu=0.5))
@@ -58,11 +64,23 @@ def state_bytes(state) -> int:
 
 def run(params, config, process_group=None, steps=STEPS, compile_backend=None, batch_dims=None, faults=None):
     state = dash_fn.init(params, config, process_group, batch_dims=batch_dims)
-    step = dash_fn.step if compile_backend is None else torch.compile(dash_fn.step, fullgraph=True, backend=compile_backend)
+    step = (
+        dash_fn.step
+        if compile_backend is None
+        else torch.compile(dash_fn.step, fullgraph=True, backend=compile_backend)
+    )
     for t in range(1, steps + 1):
         if t in (faults or {}):
-            params, state = step(params, faults[t](random_grads(params, 100 + t)), state, lr=1e-2 / t, refresh=dash_fn.is_refresh_step(config, t))
-        params, state = step(params, random_grads(params, t), state, lr=1e-2 / t, refresh=dash_fn.is_refresh_step(config, t))
+            params, state = step(
+                params,
+                faults[t](random_grads(params, 100 + t)),
+                state,
+                lr=1e-2 / t,
+                refresh=dash_fn.is_refresh_step(config, t),
+            )
+        params, state = step(
+            params, random_grads(params, t), state, lr=1e-2 / t, refresh=dash_fn.is_refresh_step(config, t)
+        )
     return params, state
 
 
@@ -73,7 +91,9 @@ def main(rank: int, world_size: int, init_file: str, out: str) -> None:
     results = {}
     for name, (make_params, config) in SCENARIOS.items():
         single, single_state = run(make_params(), config, batch_dims=BATCH_DIMS.get(name))
-        sharded, sharded_state = run(make_params(), config, group, batch_dims=BATCH_DIMS.get(name), faults=FAULTS.get(name))
+        sharded, sharded_state = run(
+            make_params(), config, group, batch_dims=BATCH_DIMS.get(name), faults=FAULTS.get(name)
+        )
         results[name] = {
             "skipped": int(sharded_state["skipped"]),
             "single": single,
@@ -110,7 +130,9 @@ def adapter_run(group) -> dict:
             opt.step()
             if t == 4:  # each rank saves and reloads its own share
                 saved = opt.state_dict()
-                opt = dash_fn.DASH(model.parameters(), lr=1e-2, block_size=8, solver="eigh", process_group=process_group)
+                opt = dash_fn.DASH(
+                    model.parameters(), lr=1e-2, block_size=8, solver="eigh", process_group=process_group
+                )
                 opt.load_state_dict(saved)
         out[label] = [p.detach().clone() for p in model.parameters()]
     return out
@@ -128,9 +150,13 @@ def count_syncs(group) -> list[str]:
         params, state = run(mixed_params(), config, group, steps=2)  # warm: the first refresh is behind
         for t in range(3, 6):
             with counter:
-                params, state = dash_fn.step(params, random_grads(params, t), state, lr=1e-2, refresh=dash_fn.is_refresh_step(config, t))
+                params, state = dash_fn.step(
+                    params, random_grads(params, t), state, lr=1e-2, refresh=dash_fn.is_refresh_step(config, t)
+                )
         model = torch.nn.Linear(30, 20)
-        opt = dash_fn.DASH(model.parameters(), lr=1e-2, block_size=8, solver="ndb", mu=0.5, inv_root_freq=2, process_group=group)
+        opt = dash_fn.DASH(
+            model.parameters(), lr=1e-2, block_size=8, solver="ndb", mu=0.5, inv_root_freq=2, process_group=group
+        )
         for t in range(5):
             model.zero_grad()
             model(torch.randn(4, 30, generator=torch.Generator().manual_seed(t))).square().mean().backward()

@@ -35,7 +35,9 @@ BATCH_DIMS = {"experts": 1}  # three experts: Shard(0) splits them between ranks
 SCENARIOS = {
     "eigh": dash_fn.DashConfig(block_size=8, solver="eigh", inv_root_freq=3),
     "ndb": dash_fn.DashConfig(block_size=6, solver="ndb", inv_root_freq=2, mu=0.9),
-    "one_dim_shampoo": dash_fn.DashConfig(block_size=8, solver="eigh", one_dim="shampoo", weight_decay=0.1, weight_decay_1d=0.05),
+    "one_dim_shampoo": dash_fn.DashConfig(
+        block_size=8, solver="eigh", one_dim="shampoo", weight_decay=0.1, weight_decay_1d=0.05
+    ),
 }
 ADAPTER = dict(lr=1e-2, block_size=8, solver="eigh", mu=0.5, weight_decay=0.01)
 
@@ -52,7 +54,9 @@ def shard_of(full: torch.Tensor, mesh) -> torch.Tensor:
     rank, world = mesh.get_local_rank(0), mesh.size(0)
     chunk = -(-full.shape[0] // world)
     lo, hi = min(rank * chunk, full.shape[0]), min((rank + 1) * chunk, full.shape[0])
-    return DTensor.from_local(full[lo:hi].clone(), mesh, (Shard(0),), run_check=False, shape=full.shape, stride=full.stride())
+    return DTensor.from_local(
+        full[lo:hi].clone(), mesh, (Shard(0),), run_check=False, shape=full.shape, stride=full.stride()
+    )
 
 
 def nan_in_last_rows(grads):
@@ -66,10 +70,20 @@ def run_functional(config, mesh=None, steps=STEPS, compile_backend=None, faults=
     if mesh is not None:
         params = {k: shard_of(v, mesh) for k, v in params.items()}
     state = dash_fn.init(params, config, batch_dims=BATCH_DIMS)
-    step = dash_fn.step if compile_backend is None else torch.compile(dash_fn.step, fullgraph=True, backend=compile_backend)
+    step = (
+        dash_fn.step
+        if compile_backend is None
+        else torch.compile(dash_fn.step, fullgraph=True, backend=compile_backend)
+    )
     for t in range(1, steps + 1):
         for grads in [faults[t](random_grads(full_params(), 100 + t))] if t in (faults or {}) else []:
-            params, state = step(params, {k: shard_of(v, mesh) for k, v in grads.items()}, state, lr=1e-2 / t, refresh=dash_fn.is_refresh_step(config, t))
+            params, state = step(
+                params,
+                {k: shard_of(v, mesh) for k, v in grads.items()},
+                state,
+                lr=1e-2 / t,
+                refresh=dash_fn.is_refresh_step(config, t),
+            )
         grads = random_grads(full_params(), t)
         if mesh is not None:
             grads = {k: shard_of(v, mesh) for k, v in grads.items()}
@@ -79,6 +93,7 @@ def run_functional(config, mesh=None, steps=STEPS, compile_backend=None, faults=
 
 def local_oracle(config, rank: int, world: int) -> dict[str, torch.Tensor]:
     """fsdp_blocks="local" on this rank = one process on this rank's shards as whole params."""
+
     def piece(x):
         chunk = -(-x.shape[0] // world)
         return x[min(rank * chunk, x.shape[0]) : min((rank + 1) * chunk, x.shape[0])].clone()
@@ -86,7 +101,13 @@ def local_oracle(config, rank: int, world: int) -> dict[str, torch.Tensor]:
     params = {k: piece(v) for k, v in full_params().items()}
     state = dash_fn.init(params, config, batch_dims=BATCH_DIMS)
     for t in range(1, STEPS + 1):
-        params, state = dash_fn.step(params, {k: piece(v) for k, v in random_grads(full_params(), t).items()}, state, lr=1e-2 / t, refresh=dash_fn.is_refresh_step(config, t))
+        params, state = dash_fn.step(
+            params,
+            {k: piece(v) for k, v in random_grads(full_params(), t).items()},
+            state,
+            lr=1e-2 / t,
+            refresh=dash_fn.is_refresh_step(config, t),
+        )
     return params
 
 
@@ -202,7 +223,9 @@ def save_task(world: int, out: str) -> None:
 
     params, state, mesh = functional_training(world)
     params, state = functional_steps(params, state, mesh, range(1, STEPS // 2 + 1))
-    dcp.save({"params": params, "optim": dash_fn.state_dict(state)}, checkpoint_id=os.path.join(out, f"functional_w{world}"))
+    dcp.save(
+        {"params": params, "optim": dash_fn.state_dict(state)}, checkpoint_id=os.path.join(out, f"functional_w{world}")
+    )
     for mode in ("fsdp", "ddp"):
         net, opt, mesh = sharded_training(mode, world)
         for t in range(1, STEPS // 2 + 1):
@@ -220,7 +243,9 @@ def resume_task(rank: int, world: int, out: str, saved_world: int) -> None:
     params, state, mesh = functional_training(world)
     sd = {"params": params, "optim": dash_fn.state_dict(state)}
     dcp.load(sd, checkpoint_id=os.path.join(out, f"functional_w{saved_world}"))
-    params, state = functional_steps(sd["params"], dash_fn.load_state_dict(state, sd["optim"]), mesh, range(STEPS // 2 + 1, STEPS + 1))
+    params, state = functional_steps(
+        sd["params"], dash_fn.load_state_dict(state, sd["optim"]), mesh, range(STEPS // 2 + 1, STEPS + 1)
+    )
     results["functional"] = {k: v.full_tensor() for k, v in params.items()}
     for mode in ("fsdp", "ddp"):
         net, opt, mesh = sharded_training(mode, world)
@@ -266,12 +291,20 @@ def hsdp_task(rank: int, out: str) -> None:
 
     def hsdp(full):
         local = shard_of(full, mesh["shard"]).to_local()
-        return DTensor.from_local(local, mesh, (Replicate(), Shard(0)), run_check=False, shape=full.shape, stride=full.stride())
+        return DTensor.from_local(
+            local, mesh, (Replicate(), Shard(0)), run_check=False, shape=full.shape, stride=full.stride()
+        )
 
     params = {k: hsdp(v) for k, v in full_params().items()}
     state = dash_fn.init(params, SCENARIOS["eigh"], batch_dims=BATCH_DIMS)
     for t in range(1, STEPS + 1):
-        params, state = dash_fn.step(params, {k: hsdp(v) for k, v in random_grads(full_params(), t).items()}, state, lr=1e-2 / t, refresh=dash_fn.is_refresh_step(SCENARIOS["eigh"], t))
+        params, state = dash_fn.step(
+            params,
+            {k: hsdp(v) for k, v in random_grads(full_params(), t).items()},
+            state,
+            lr=1e-2 / t,
+            refresh=dash_fn.is_refresh_step(SCENARIOS["eigh"], t),
+        )
     torch.save({k: v.full_tensor() for k, v in params.items()}, os.path.join(out, f"hsdp_rank{rank}.pt"))
 
 

@@ -7,7 +7,6 @@ and blocks, one small dict of state per block, everything in float64. Only the D
 
 from __future__ import annotations
 
-
 import torch
 
 f64 = torch.float64
@@ -53,12 +52,18 @@ class ReferenceDash:
                 R = squeezed[0]
                 C = W.numel() // R
                 st["view"] = (R, C)
-                st["blocks"] = [self._new_block(r1 - r0, c1 - c0, (r0, r1, c0, c1), two_sided=True)
-                                for (r0, r1) in split(R, config.block_size) for (c0, c1) in split(C, config.block_size)]
+                st["blocks"] = [
+                    self._new_block(r1 - r0, c1 - c0, (r0, r1, c0, c1), two_sided=True)
+                    for (r0, r1) in split(R, config.block_size)
+                    for (c0, c1) in split(C, config.block_size)
+                ]
             elif kind == "segments":
                 n = W.numel()
                 st["view"] = (n, 1)
-                st["blocks"] = [self._new_block(r1 - r0, 1, (r0, r1, 0, 1), two_sided=False) for (r0, r1) in split(n, config.block_size)]
+                st["blocks"] = [
+                    self._new_block(r1 - r0, 1, (r0, r1, 0, 1), two_sided=False)
+                    for (r0, r1) in split(n, config.block_size)
+                ]
             elif kind == "adamw":
                 st["m"] = torch.zeros(W.numel(), dtype=f64)
                 st["v"] = torch.zeros(W.numel(), dtype=f64)
@@ -66,8 +71,14 @@ class ReferenceDash:
 
     @staticmethod
     def _new_block(r, c, where, two_sided):
-        b = {"where": where, "L": torch.zeros(r, r, dtype=f64), "Lbar": torch.eye(r, dtype=f64),
-             "A": torch.zeros(r, c, dtype=f64), "Gt": torch.zeros(r, c, dtype=f64), "M": torch.zeros(r, c, dtype=f64)}
+        b = {
+            "where": where,
+            "L": torch.zeros(r, r, dtype=f64),
+            "Lbar": torch.eye(r, dtype=f64),
+            "A": torch.zeros(r, c, dtype=f64),
+            "Gt": torch.zeros(r, c, dtype=f64),
+            "M": torch.zeros(r, c, dtype=f64),
+        }
         if two_sided:
             b["R"] = torch.zeros(c, c, dtype=f64)
             b["Rbar"] = torch.eye(c, dtype=f64)
@@ -94,14 +105,20 @@ class ReferenceDash:
                 gv = g.reshape(-1)
                 st["m"] = c.adamw_beta1 * st["m"] + (1 - c.adamw_beta1) * gv
                 st["v"] = c.adamw_beta2 * st["v"] + (1 - c.adamw_beta2) * gv * gv
-                mhat = st["m"] / (1 - c.adamw_beta1 ** t)
-                vhat = st["v"] / (1 - c.adamw_beta2 ** t)
-                w = w * (1 - lr * (c.weight_decay if c.weight_decay_1d is None else c.weight_decay_1d)) - lr * mhat / (c.adamw_eps + vhat.sqrt())
+                mhat = st["m"] / (1 - c.adamw_beta1**t)
+                vhat = st["v"] / (1 - c.adamw_beta2**t)
+                w = w * (1 - lr * (c.weight_decay if c.weight_decay_1d is None else c.weight_decay_1d)) - lr * mhat / (
+                    c.adamw_eps + vhat.sqrt()
+                )
                 out[name] = w.reshape(W.shape).to(W.dtype)
                 continue
             view = W64.reshape(st["view"])
             gview = g.reshape(st["view"])
-            decay = c.weight_decay if st["kind"] == "matrix" else (c.weight_decay if c.weight_decay_1d is None else c.weight_decay_1d)
+            decay = (
+                c.weight_decay
+                if st["kind"] == "matrix"
+                else (c.weight_decay if c.weight_decay_1d is None else c.weight_decay_1d)
+            )
             new_view = view * (1 - lr * decay)
             for blk in st["blocks"]:
                 r0, r1, c0, c1 = blk["where"]
@@ -117,7 +134,7 @@ class ReferenceDash:
                         blk["R"] = blk["R"] + G.T @ G
                 if c.grafting == "adam":
                     blk["A"] = c.beta_graft * blk["A"] + (1 - c.beta_graft) * G * G
-                    cA = 1 - c.beta_graft ** t if c.bias_correction else 1.0
+                    cA = 1 - c.beta_graft**t if c.bias_correction else 1.0
                 else:
                     blk["A"] = blk["A"] + G * G
                     cA = 1.0
@@ -128,7 +145,7 @@ class ReferenceDash:
                         blk["Rbar"] = self.root(blk["R"], p)
                 if c.beta_G > 0:
                     blk["Gt"] = c.beta_G * blk["Gt"] + (1 - c.beta_G) * G
-                    cG = 1 - c.beta_G ** t if c.bias_correction else 1.0
+                    cG = 1 - c.beta_G**t if c.bias_correction else 1.0
                 else:
                     blk["Gt"] = G
                     cG = 1.0

@@ -13,9 +13,25 @@ from torch.utils._python_dispatch import TorchDispatchMode
 aten = torch.ops.aten
 # _linalg_eigh's kernel checks LAPACK's or cuSOLVER's error flags on the host
 # (_linalg_check_errors), a call this mode cannot see from outside the kernel
-SYNC_OPS = (aten._local_scalar_dense, aten.nonzero, aten.is_nonzero, aten.equal, aten._linalg_check_errors, aten._linalg_eigh)
+SYNC_OPS = (
+    aten._local_scalar_dense,
+    aten.nonzero,
+    aten.is_nonzero,
+    aten.equal,
+    aten._linalg_check_errors,
+    aten._linalg_eigh,
+)
 # graph nodes that read a device value on the host or branch on one
-SYNC_NODES = ("_local_scalar_dense", "nonzero", "is_nonzero", "equal", "_linalg_check_errors", "_linalg_eigh", "cond", "item")
+SYNC_NODES = (
+    "_local_scalar_dense",
+    "nonzero",
+    "is_nonzero",
+    "equal",
+    "_linalg_check_errors",
+    "_linalg_eigh",
+    "cond",
+    "item",
+)
 
 
 class SyncCounter(TorchDispatchMode):
@@ -52,7 +68,11 @@ def cuda_graph_skip_reasons(gm: torch.fx.GraphModule, example_inputs) -> list[st
     context = torch._guards.TracingContext.try_get()
     static = list(context.fw_metadata.static_input_indices) if context and context.fw_metadata else []
     placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
-    mutated = [node for node in gm.graph.nodes if node.op == "call_function" and node.target is aten.copy_.default and node.args[0] in placeholders]
+    mutated = [
+        node
+        for node in gm.graph.nodes
+        if node.op == "call_function" and node.target is aten.copy_.default and node.args[0] in placeholders
+    ]
     reasons = [
         cudagraph_utils.check_for_mutation_ignore_cuda_graph_managed_tensor(
             gm, {node.args[0].name for node in mutated}, {placeholders.index(node.args[0]) for node in mutated}, static

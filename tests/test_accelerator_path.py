@@ -44,7 +44,13 @@ def test_functional_eager_steps_do_not_sync(solver, kind):
     state, counter = dash_fn.init(params, config), SyncCounter()
     for t in range(1, 7):
         with counter if t > 2 else SyncCounter():
-            params, state = dash_fn.step(params, random_grads(params, t), state, lr=torch.tensor(1e-2), refresh=dash_fn.is_refresh_step(config, t))
+            params, state = dash_fn.step(
+                params,
+                random_grads(params, t),
+                state,
+                lr=torch.tensor(1e-2),
+                refresh=dash_fn.is_refresh_step(config, t),
+            )
     assert counter.syncs == []
     assert int(state["step"]) == 6
 
@@ -52,7 +58,12 @@ def test_functional_eager_steps_do_not_sync(solver, kind):
 @pytest.mark.parametrize("solver", MATMUL_SOLVERS)
 def test_adapter_eager_steps_do_not_sync(solver):
     model = torch.nn.Sequential(torch.nn.Linear(20, 30), torch.nn.Tanh(), torch.nn.Linear(30, 5))
-    opt = dash_fn.DASH(model.parameters(), lr=1e-2, **{k: v for k, v in vars(config_for(solver)).items() if k != "block_size"}, block_size=8)
+    opt = dash_fn.DASH(
+        model.parameters(),
+        lr=1e-2,
+        **{k: v for k, v in vars(config_for(solver)).items() if k != "block_size"},
+        block_size=8,
+    )
     counter = SyncCounter()
     for t in range(6):
         model.zero_grad()
@@ -114,7 +125,9 @@ def test_compiled_step_graphs_hold_no_sync_and_pass_the_cuda_graph_checks(solver
     compiled = torch.compile(dash_fn.step, fullgraph=True, backend=inspecting_backend(graphs))
     state = dash_fn.init(params, config)
     for t in range(1, 5):
-        params, state = compiled(params, random_grads(params, t), state, lr=torch.tensor(1e-2), refresh=dash_fn.is_refresh_step(config, t))
+        params, state = compiled(
+            params, random_grads(params, t), state, lr=torch.tensor(1e-2), refresh=dash_fn.is_refresh_step(config, t)
+        )
     check_graphs(graphs, 2)
 
 
@@ -124,7 +137,9 @@ def test_a_loaded_state_is_static_too(tmp_path):
     state = dash_fn.init(params, config)
     dash_fn.save_state(tmp_path / "state.pt", state)
     compiled = torch.compile(dash_fn.step, fullgraph=True, backend=inspecting_backend(graphs))
-    compiled(params, random_grads(params, 1), dash_fn.load_state(tmp_path / "state.pt"), lr=torch.tensor(1e-2), refresh=False)
+    compiled(
+        params, random_grads(params, 1), dash_fn.load_state(tmp_path / "state.pt"), lr=torch.tensor(1e-2), refresh=False
+    )
     check_graphs(graphs, 1)
 
 
@@ -132,7 +147,15 @@ def test_compiled_adapter_graphs_pass_the_cuda_graph_checks():
     """DASH(compile=...): parameters and state mutated in place are static addresses."""
     graphs = []
     model = torch.nn.Sequential(torch.nn.Linear(20, 16), torch.nn.Tanh(), torch.nn.Linear(16, 8))  # blocks of one size
-    opt = dash_fn.DASH(model.parameters(), lr=1e-2, block_size=8, solver="ndb", inv_root_freq=2, mu=0.5, compile={"backend": inspecting_backend(graphs)})
+    opt = dash_fn.DASH(
+        model.parameters(),
+        lr=1e-2,
+        block_size=8,
+        solver="ndb",
+        inv_root_freq=2,
+        mu=0.5,
+        compile={"backend": inspecting_backend(graphs)},
+    )
     for t in range(4):
         model.zero_grad()
         model(torch.randn(16, 20, generator=torch.Generator().manual_seed(t))).square().mean().backward()

@@ -37,19 +37,39 @@ def adamw_groups(config, lr):
     def make(params):
         return torch.optim.AdamW(
             [
-                {"params": [params[k] for k in MATRICES], "betas": (config.beta_G, config.beta_graft), "eps": config.eps_graft, "weight_decay": config.weight_decay},
-                {"params": [params[k] for k in VECTORS], "betas": (config.adamw_beta1, config.adamw_beta2), "eps": config.adamw_eps, "weight_decay": vector_decay},
+                {
+                    "params": [params[k] for k in MATRICES],
+                    "betas": (config.beta_G, config.beta_graft),
+                    "eps": config.eps_graft,
+                    "weight_decay": config.weight_decay,
+                },
+                {
+                    "params": [params[k] for k in VECTORS],
+                    "betas": (config.adamw_beta1, config.adamw_beta2),
+                    "eps": config.adamw_eps,
+                    "weight_decay": vector_decay,
+                },
             ],
             lr=lr,
         )
+
     return make
 
 
 @pytest.mark.parametrize("weight_decay, weight_decay_1d", [(0.0, None), (0.1, None), (0.1, 0.05), (0.1, 0.0)])
 def test_never_preconditioned_is_adamw(weight_decay, weight_decay_1d):
     """weight_decay alone decays every parameter, as torch.optim.AdamW's does."""
-    config = dash_fn.DashConfig(block_size=24, solver="eigh", start_prec_step=math.inf, beta_G=0.8, beta_graft=0.99,
-                                weight_decay=weight_decay, weight_decay_1d=weight_decay_1d, adamw_beta1=0.7, adamw_beta2=0.9)
+    config = dash_fn.DashConfig(
+        block_size=24,
+        solver="eigh",
+        start_prec_step=math.inf,
+        beta_G=0.8,
+        beta_graft=0.99,
+        weight_decay=weight_decay,
+        weight_decay_1d=weight_decay_1d,
+        adamw_beta1=0.7,
+        adamw_beta2=0.9,
+    )
     ours = dash_run(config, 20, 0.01)
     theirs = torch_adamw_run(config, 20, 0.01, adamw_groups(config, 0.01))
     for k in theirs:

@@ -71,12 +71,15 @@ def test_load_state_rejects_unexpected_or_misshaped_tensors(tmp_path):
         dash_fn.load_state(tmp_path / "retyped.pt")
 
 
-@pytest.mark.parametrize("stack, p, match", [
-    (torch.eye(4), 4, r"expects a \(K, b, b\) stack"),
-    (torch.zeros(2, 3, 4), 4, r"expects a \(K, b, b\) stack"),
-    (torch.eye(4)[None], 0, "p must be a positive integer"),
-    (torch.eye(4)[None], 2.0, "p must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "stack, p, match",
+    [
+        (torch.eye(4), 4, r"expects a \(K, b, b\) stack"),
+        (torch.zeros(2, 3, 4), 4, r"expects a \(K, b, b\) stack"),
+        (torch.eye(4)[None], 0, "p must be a positive integer"),
+        (torch.eye(4)[None], 2.0, "p must be a positive integer"),
+    ],
+)
 def test_inverse_root_argument_errors(stack, p, match):
     with pytest.raises(ValueError, match=match):
         dash_fn.inverse_root(stack, p, CONFIG)

@@ -16,7 +16,11 @@ CONFIG = dash_fn.DashConfig(block_size=8, solver="eigh", inv_root_freq=2, mu=0.5
 
 def batched_params():
     gen = torch.Generator().manual_seed(0)
-    return {"pre": torch.randn(10, 6, generator=gen), "experts": torch.randn(E, 20, 12, generator=gen), "post": torch.randn(7, generator=gen)}
+    return {
+        "pre": torch.randn(10, 6, generator=gen),
+        "experts": torch.randn(E, 20, 12, generator=gen),
+        "post": torch.randn(7, generator=gen),
+    }
 
 
 def as_separate(tree):
@@ -31,7 +35,13 @@ def run(params, step=dash_fn.step, batch_dims=None, steps=6):
     state = dash_fn.init(params, CONFIG, batch_dims=batch_dims)
     for t in range(1, steps + 1):
         grads = random_grads(batched_params(), t)
-        params, state = step(params, grads if batch_dims else as_separate(grads), state, lr=1e-2, refresh=dash_fn.is_refresh_step(CONFIG, t))
+        params, state = step(
+            params,
+            grads if batch_dims else as_separate(grads),
+            state,
+            lr=1e-2,
+            refresh=dash_fn.is_refresh_step(CONFIG, t),
+        )
     return params, state
 
 
@@ -48,6 +58,7 @@ def test_experts_step_bitwise_as_separate_parameters(backend):
 
 def test_an_experts_update_ignores_the_other_experts_gradients():
     """Undeclared, (E, m, n) is one (E, m n) matrix whose left factor mixes the experts."""
+
     def expert0_update(batch_dims, scale_expert1):
         params = batched_params()
         state = dash_fn.init(params, CONFIG.replace(block_size=64), batch_dims=batch_dims)
@@ -99,7 +110,12 @@ def test_adapter_group_key_batch_dims():
 
 
 def test_undeclared_batched_weights_warn_once_and_conv_kernels_do_not():
-    params = {"experts": torch.zeros(4, 16, 32), "conv": torch.zeros(8, 4, 3, 3), "conv1d": torch.zeros(8, 4, 5), "w": torch.zeros(6, 6)}
+    params = {
+        "experts": torch.zeros(4, 16, 32),
+        "conv": torch.zeros(8, 4, 3, 3),
+        "conv1d": torch.zeros(8, 4, 5),
+        "w": torch.zeros(6, 6),
+    }
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         dash_fn.init(params, CONFIG)
@@ -111,12 +127,15 @@ def test_undeclared_batched_weights_warn_once_and_conv_kernels_do_not():
         dash_fn.init(params, CONFIG, batch_dims={"experts": 1})
 
 
-@pytest.mark.parametrize("batch_dims, error, match", [
-    ({"nope": 1}, ValueError, "batch_dims names 'nope', which is not a parameter"),
-    ({"experts": 3}, ValueError, r"batch_dims\['experts'\] must be an integer in \[0, 2\]"),
-    ({"experts": True}, ValueError, "must be an integer"),
-    ([("experts", 1)], TypeError, "batch_dims must map parameter names to integers"),
-])
+@pytest.mark.parametrize(
+    "batch_dims, error, match",
+    [
+        ({"nope": 1}, ValueError, "batch_dims names 'nope', which is not a parameter"),
+        ({"experts": 3}, ValueError, r"batch_dims\['experts'\] must be an integer in \[0, 2\]"),
+        ({"experts": True}, ValueError, "must be an integer"),
+        ([("experts", 1)], TypeError, "batch_dims must map parameter names to integers"),
+    ],
+)
 def test_bad_batch_dims_raise(batch_dims, error, match):
     with pytest.raises(error, match=match):
         dash_fn.init(batched_params(), CONFIG, batch_dims=batch_dims)
@@ -130,10 +149,38 @@ def test_main_job_with_experts_declares_them(tmp_path):
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
-        train_lm.main([
-            "--runs", "dash-eigh@3e-3", "--steps", "2", "--eval-every", "2", "--eval-batches", "1", "--experts", "2",
-            "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--context", "16", "--batch", "2",
-            "--block-size", "16", "--corpus-bytes", "100000", "--backend", "none", "--out", str(tmp_path), "--no-progress",
-        ])
+        train_lm.main(
+            [
+                "--runs",
+                "dash-eigh@3e-3",
+                "--steps",
+                "2",
+                "--eval-every",
+                "2",
+                "--eval-batches",
+                "1",
+                "--experts",
+                "2",
+                "--d-model",
+                "32",
+                "--n-layers",
+                "1",
+                "--n-heads",
+                "2",
+                "--context",
+                "16",
+                "--batch",
+                "2",
+                "--block-size",
+                "16",
+                "--corpus-bytes",
+                "100000",
+                "--backend",
+                "none",
+                "--out",
+                str(tmp_path),
+                "--no-progress",
+            ]
+        )
     run = json.loads((tmp_path / "log.json").read_text())["runs"][0]
     assert run["val_loss"][-1] > 0

@@ -29,7 +29,9 @@ def test_flop_count_matches_hand_count():
     """One (2B, B) parameter at block B: 2 blocks, each 4 (B^2 B + B B^2) = 8 B^3 FLOPs."""
     import dash_fn
 
-    plan = dash_fn.init({"w": __import__("torch").empty(32, 16, device="meta")}, dash_fn.DashConfig(block_size=16, solver="ndb"))["plan"]
+    plan = dash_fn.init(
+        {"w": __import__("torch").empty(32, 16, device="meta")}, dash_fn.DashConfig(block_size=16, solver="ndb")
+    )["plan"]
     assert step_bench.plain_flops(plan) == 2 * 8 * 16**3
 
 
@@ -51,16 +53,20 @@ def test_solver_flops_equal_the_products_the_solvers_run():
                 self.flops += 2 * a.numel() * b.shape[-1]
             return func(*args, **(kwargs or {}))
 
-    params = {"w": torch.randn(32, 16), "v": torch.randn(48)}  # factors of 16 (p = 4), segments of 16 (p = 2): no 64-byte padding
+    params = {
+        "w": torch.randn(32, 16),
+        "v": torch.randn(48),
+    }  # factors of 16 (p = 4), segments of 16 (p = 2): no 64-byte padding
     for solver in ("ndb", "cn", "chebyshev"):
         config = dash_fn.DashConfig(block_size=16, solver=solver, scaling="fro", one_dim="shampoo", cheb_degree=12)
         state = dash_fn.init(params, config)
         counter = CountFlops()
         with counter:
-            for k, stack in enumerate(state["plan"].factors):
+            for stack in state["plan"].factors:
                 X = torch.eye(stack.size).expand(stack.count, -1, -1).contiguous()
                 SOLVERS[solver](X, stack.order, config, None)
         assert counter.flops == step_bench.solver_flops(state["plan"], config), solver
+
 
 def _table_rows(out: str, first: str) -> dict[tuple[str, ...], list[str]]:
     """Markdown rows of ``out`` starting with cell ``first``, keyed by their first three cells."""
@@ -82,7 +88,12 @@ def test_fsdp_bench_planner(capsys):
     assert "| d_model |" not in out  # no processes
     for world in ("8", "64"):
         rows = {cells[1]: cells for cells in _table_rows(out, world).values()}
-        assert set(rows) == {"dash_fn exact", "dash_fn local", "whole-parameter owner", "all-to-all of every gradient: 2 (W-1)/W x model bytes"}
+        assert set(rows) == {
+            "dash_fn exact",
+            "dash_fn local",
+            "whole-parameter owner",
+            "all-to-all of every gradient: 2 (W-1)/W x model bytes",
+        }
         every = int(rows["all-to-all of every gradient: 2 (W-1)/W x model bytes"][2].replace(",", ""))
         assert every == 2 * (int(world) - 1) * 3_812_622_336 // int(world)
         exact = int(rows["dash_fn exact"][2].replace(",", ""))
@@ -98,7 +109,19 @@ def test_fsdp_bench_tiny_run():
     import subprocess
 
     script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "fsdp_bench.py")
-    args = ["--d-model", "48", "--block-size", "32", "--world-sizes", "1", "2", "--reps", "1", "--planner-world-sizes", "2"]
+    args = [
+        "--d-model",
+        "48",
+        "--block-size",
+        "32",
+        "--world-sizes",
+        "1",
+        "2",
+        "--reps",
+        "1",
+        "--planner-world-sizes",
+        "2",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=240, env=env)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -30,7 +30,10 @@ def parameters(values=None):
 
 def make_optimizer(params, **config):
     """Two groups with their own lr and decay, and a scheduler on top."""
-    groups = [{"params": [params[k] for k in MATRICES], "lr": 0.02}, {"params": [params[k] for k in VECTORS], "weight_decay_1d": 0.1}]
+    groups = [
+        {"params": [params[k] for k in MATRICES], "lr": 0.02},
+        {"params": [params[k] for k in VECTORS], "weight_decay_1d": 0.1},
+    ]
     opt = dash_fn.DASH(groups, lr=0.01, **{**CONFIG, **config})
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda t: 1 / (1 + t))
 
@@ -73,7 +76,14 @@ def test_optimizer_resume_equals_uninterrupted_run_bitwise(solver, tmp_path):
     opt, scheduler = make_optimizer(first, solver=solver)
     train(first, opt, scheduler, range(1, RESUME + 1))
     path = tmp_path / "run.pt"
-    torch.save({"model": {k: p.detach() for k, p in first.items()}, "optim": opt.state_dict(), "sched": scheduler.state_dict()}, path)
+    torch.save(
+        {
+            "model": {k: p.detach() for k, p in first.items()},
+            "optim": opt.state_dict(),
+            "sched": scheduler.state_dict(),
+        },
+        path,
+    )
     del first, opt, scheduler
 
     checkpoint = torch.load(path, weights_only=True)
@@ -96,7 +106,9 @@ def test_functional_resume_equals_uninterrupted_run_bitwise(solver, tmp_path):
 
     def run(params, state, steps):
         for t in steps:
-            params, state = dash_fn.step(params, random_grads(params, t), state, lr=0.01, refresh=dash_fn.is_refresh_step(config, t))
+            params, state = dash_fn.step(
+                params, random_grads(params, t), state, lr=0.01, refresh=dash_fn.is_refresh_step(config, t)
+            )
         return params, state
 
     whole, whole_state = run(model_values(), dash_fn.init(model_values(), config), range(1, STEPS + 1))
@@ -143,7 +155,10 @@ def test_adapter_state_dict_of_dash_fn_0_1_still_loads():
     opt, scheduler = make_optimizer(params, solver="eigh")
     train(params, opt, scheduler, range(1, 3))
     new_format = opt.state_dict()
-    old_format = {"state": {0: state_to_dict(dash_states(opt)[0]), 3: state_to_dict(dash_states(opt)[1])}, "param_groups": new_format["param_groups"]}
+    old_format = {
+        "state": {0: state_to_dict(dash_states(opt)[0]), 3: state_to_dict(dash_states(opt)[1])},
+        "param_groups": new_format["param_groups"],
+    }
     loaded = []
     for state_dict in (new_format, old_format):
         other, _ = make_optimizer(parameters({k: p.detach() for k, p in params.items()}), solver="eigh")
@@ -193,7 +208,13 @@ def test_load_state_dict_rejects_another_layout_and_bad_entries(stepped):
     rejects(opt, broken, r"param_groups\[1\]: parameter '1': lacks tensor 'v'")
     broken["state"][4] = {**state_dict["state"][4], "step": state_dict["state"][4]["step"] + 1}
     rejects(opt, broken, r"param_groups\[1\]: parameter '1' is at step 4 but '0' at 3")
-    broken = {**state_dict, "state": {**state_dict["state"], 1: {k: v for k, v in state_dict["state"][1].items() if k != "rows_16_32_cols_0_16"}}}
+    broken = {
+        **state_dict,
+        "state": {
+            **state_dict["state"],
+            1: {k: v for k, v in state_dict["state"][1].items() if k != "rows_16_32_cols_0_16"},
+        },
+    }
     rejects(opt, broken, r"param_groups\[0\]: the checkpoint lacks block 'rows_16_32_cols_0_16' of parameter '1'")
     adam = torch.optim.AdamW(params.values())
     adam.step()
@@ -208,7 +229,11 @@ def test_load_state_rejects_another_model_or_config(tmp_path):
         ({**params, "extra": torch.zeros(3)}, config, "no state for parameter 'extra'"),
         ({k: v for k, v in params.items() if k != "vec"}, config, "state for parameter 'vec', which the model lacks"),
         ({**params, "rect": torch.zeros(21, 40)}, config, r"parameter 'rect' has shape \(21, 40\) but \(40, 21\)"),
-        ({**params, "bias": torch.zeros(40, dtype=torch.float64)}, config, "parameter 'bias' has dtype torch.float64 but torch.float32"),
+        (
+            {**params, "bias": torch.zeros(40, dtype=torch.float64)},
+            config,
+            "parameter 'bias' has dtype torch.float64 but torch.float32",
+        ),
         (params, config.replace(weight_decay=0.1), "config.weight_decay is 0.1 but 0.0 in the checkpoint"),
     ]
     for model, cfg, match in cases:

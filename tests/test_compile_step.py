@@ -14,7 +14,13 @@ def run(step_fn, config, dtype, steps, shapes=None):
     params = mixed_params(dtype) if shapes is None else mixed_params(dtype, shapes=shapes)
     state = dash_fn.init(params, config)
     for t in range(1, steps + 1):
-        params, state = step_fn(params, random_grads(params, t), state, lr=torch.tensor(0.01 * t, dtype=dtype), refresh=dash_fn.is_refresh_step(config, t))
+        params, state = step_fn(
+            params,
+            random_grads(params, t),
+            state,
+            lr=torch.tensor(0.01 * t, dtype=dtype),
+            refresh=dash_fn.is_refresh_step(config, t),
+        )
     return params, state
 
 
@@ -26,7 +32,9 @@ def test_fullgraph_aot_eager_matches_eager(one_dim):
     (baddbmm), compiled as a product and an update, so the factors differ by rounding (1e-14
     here), which eps = 1e-10 amplifies in rank-deficient factors' roots to 1e-5 (eps^{-1/4});
     at 1e-6 the parameters (of size 1-4) agree to 2e-10, hence atol 1e-9."""
-    config = dash_fn.DashConfig(block_size=24, solver="eigh", inv_root_freq=3, start_prec_step=2, mu=0.5, one_dim=one_dim, eps=1e-6)
+    config = dash_fn.DashConfig(
+        block_size=24, solver="eigh", inv_root_freq=3, start_prec_step=2, mu=0.5, one_dim=one_dim, eps=1e-6
+    )
     compiled = torch.compile(dash_fn.step, fullgraph=True, backend="aot_eager")
     counters.clear()
     got, got_state = run(compiled, config, torch.float64, 8)
@@ -77,6 +85,12 @@ def test_a_state_without_blocks_compiles():
     compiled = torch.compile(dash_fn.step, fullgraph=True, backend="aot_eager")
     state = dash_fn.init(params, dash_fn.DashConfig())
     got, _ = compiled(params, grads, state, lr=torch.tensor(0.01, dtype=torch.float64), refresh=False)
-    want, _ = dash_fn.step(params, grads, dash_fn.init(params, dash_fn.DashConfig()), lr=torch.tensor(0.01, dtype=torch.float64), refresh=False)
+    want, _ = dash_fn.step(
+        params,
+        grads,
+        dash_fn.init(params, dash_fn.DashConfig()),
+        lr=torch.tensor(0.01, dtype=torch.float64),
+        refresh=False,
+    )
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=1e-12, atol=0)

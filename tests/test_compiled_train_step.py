@@ -28,7 +28,13 @@ def test_bare_step_32_steps_at_most_two_graphs(lr_kind):
     counters.clear()
     for t in range(1, 33):
         lr = 1e-3 * (1 + 0.1 * t)  # a new lr every step
-        params, state = compiled(params, random_grads(params, t), state, lr=lr if lr_kind == "float" else torch.tensor(lr), refresh=dash_fn.is_refresh_step(config, t))
+        params, state = compiled(
+            params,
+            random_grads(params, t),
+            state,
+            lr=lr if lr_kind == "float" else torch.tensor(lr),
+            refresh=dash_fn.is_refresh_step(config, t),
+        )
     n_graphs, n_breaks = graphs()
     assert n_breaks == 0
     assert n_graphs <= (4 if lr_kind == "float" else 2)  # plain and refresh steps
@@ -60,7 +66,9 @@ def run_steps(step_fn, config, steps, shapes=None):
     params = mixed_params() if shapes is None else mixed_params(shapes=shapes)
     state = dash_fn.init(params, config)
     for t in range(1, steps + 1):
-        params, state = step_fn(params, random_grads(params, t), state, lr=torch.tensor(0.01), refresh=dash_fn.is_refresh_step(config, t))
+        params, state = step_fn(
+            params, random_grads(params, t), state, lr=torch.tensor(0.01), refresh=dash_fn.is_refresh_step(config, t)
+        )
     return params
 
 
@@ -74,7 +82,9 @@ def test_compiled_equals_eager_each_solver(solver):
     # one factor stack (compiling each solver's unrolled refresh is this test's cost; ragged
     # blocks compiled are in test_properties)
     shapes = {"matrix": (48, 48), "bias": (48,)}
-    config = dash_fn.DashConfig(block_size=24, solver=solver, eps=1e-4, inv_root_freq=2, cheb_degree=12)  # d = 60 unrolls for minutes
+    config = dash_fn.DashConfig(
+        block_size=24, solver=solver, eps=1e-4, inv_root_freq=2, cheb_degree=12
+    )  # d = 60 unrolls for minutes
     want = run_steps(dash_fn.step, config, 10, shapes)
     got = run_steps(torch.compile(dash_fn.step, fullgraph=True, backend="aot_eager"), config, 10, shapes)
     assert_relative_close(got, want, 1e-5)

@@ -46,5 +46,7 @@ def test_retained_memory_is_reused_without_page_faults():
     # measured on the development VM at 6fcad39: 9,800-16,400 faults per step by default, 0
     # retained, about 7,100 with the trim threshold left at glibc's default (the mutation
     # check's case); a retained heap still growing faults in 1,024 pages now and then
-    assert default > 1000, f"the default allocator did not churn here ({default} faults per step); the test shows nothing"
+    assert default > 1000, (
+        f"the default allocator did not churn here ({default} faults per step); the test shows nothing"
+    )
     assert retained < 0.2 * default, f"{retained} page faults per step with memory retained, {default} without"

@@ -21,8 +21,17 @@ def saved_value(path, kind) -> int:
     """The value k that every tensor of the checkpoint holds (asserting they all agree)."""
     if kind == "state":
         state = dash_fn.load_state(path)  # checks the CRC of every byte
-        values = {float(x.reshape(-1)[0]) for x in state.exclude("config", "plan", "shard").items(include_nested=True, leaves_only=True) for x in [x[1]] if x.numel()}
-        whole = all(bool((x == x.reshape(-1)[0]).all()) for _, x in state.exclude("config", "plan", "shard").items(include_nested=True, leaves_only=True) if x.numel())
+        values = {
+            float(x.reshape(-1)[0])
+            for x in state.exclude("config", "plan", "shard").items(include_nested=True, leaves_only=True)
+            for x in [x[1]]
+            if x.numel()
+        }
+        whole = all(
+            bool((x == x.reshape(-1)[0]).all())
+            for _, x in state.exclude("config", "plan", "shard").items(include_nested=True, leaves_only=True)
+            if x.numel()
+        )
     else:
         blob = torch.load(path, weights_only=True)
         tensors = [x for entry in blob["opt"]["state"].values() for x in _leaves(entry)]
@@ -44,7 +53,7 @@ def _leaves(tree):
 def test_sigkill_mid_save_leaves_the_previous_checkpoint(tmp_path, kind):
     rng = random.Random(0)
     path = tmp_path / "ckpt.pt"
-    for trial in range(5):  # 5 per kind: 10 kills in all (each a fresh process importing torch)
+    for _trial in range(5):  # 5 per kind: 10 kills in all (each a fresh process importing torch)
         writer = subprocess.Popen([sys.executable, WRITER, str(path), kind], stdout=subprocess.PIPE, text=True)
         first = writer.stdout.readline()  # at least one whole save before the kill
         assert first.strip(), "the writer saved nothing"

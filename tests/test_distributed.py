@@ -15,14 +15,23 @@ import torch
 
 import dash_fn
 from conftest import mixed_params
-from dash_fn.distributed import make_shard, ownership, owned_ranges, rank_loads
+from dash_fn.distributed import make_shard, owned_ranges, ownership, rank_loads
 from dash_fn.plan import make_plan
 
 WORKER = os.path.join(os.path.dirname(__file__), "distributed_worker.py")
 
 # The DASH paper's Llama 953M (docs/ALGORITHM.md 3.2): 16 layers and two embeddings.
-LLAMA_953M = [(f"l{i}.{name}", shape, torch.float32) for i in range(16) for name, shape in (
-    ("qkv", (6144, 2048)), ("o", (2048, 2048)), ("gate", (5632, 2048)), ("up", (5632, 2048)), ("down", (2048, 5632)))]
+LLAMA_953M = [
+    (f"l{i}.{name}", shape, torch.float32)
+    for i in range(16)
+    for name, shape in (
+        ("qkv", (6144, 2048)),
+        ("o", (2048, 2048)),
+        ("gate", (5632, 2048)),
+        ("up", (5632, 2048)),
+        ("down", (2048, 5632)),
+    )
+]
 LLAMA_953M += [("embed", (32000, 2048), torch.float32), ("head", (32000, 2048), torch.float32)]
 
 
@@ -42,7 +51,14 @@ def test_extra_blocks_go_to_the_least_loaded_ranks():
     counts = ownership(plan, 2)
     assert counts == ((1, 0), (0, 1))
     assert rank_loads(plan, counts) == [2 * 64**3, 2 * 8**3]
-    three = ownership(make_plan([("a", (64, 64), torch.float32)] * 1 + [("b", (32, 32), torch.float32), ("c", (8, 8), torch.float32)], 64, "adamw"), 3)
+    three = ownership(
+        make_plan(
+            [("a", (64, 64), torch.float32)] * 1 + [("b", (32, 32), torch.float32), ("c", (8, 8), torch.float32)],
+            64,
+            "adamw",
+        ),
+        3,
+    )
     assert three == ((1, 0, 0), (0, 1, 0), (0, 0, 1))
 
 
@@ -113,7 +129,12 @@ def ranks(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"w{world_size}")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     procs = [
-        subprocess.Popen([sys.executable, WORKER, str(rank), str(world_size), str(out / "init"), str(out)], env=env, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, WORKER, str(rank), str(world_size), str(out / "init"), str(out)],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for rank in range(world_size)
     ]
     errors = [proc.communicate(timeout=600)[1] for proc in procs]

@@ -97,7 +97,9 @@ def test_cited_sections_exist():
     cited = set()
     for folder in ("dash_fn", "tests", "benchmarks", "examples"):
         for path in (root / folder).rglob("*.py"):
-            for match in re.finditer(r"docs/ALGORITHM\.md,? (?:sections? )?(\d+(?:\.\d+)?)", path.read_text(encoding="utf-8")):
+            for match in re.finditer(
+                r"docs/ALGORITHM\.md,? (?:sections? )?(\d+(?:\.\d+)?)", path.read_text(encoding="utf-8")
+            ):
                 cited.add((match.group(1), str(path.relative_to(root))))
     assert cited, "no citation found: the pattern is stale"
     missing = [(n, where) for n, where in sorted(cited) if (n not in labels if "." in n else n not in headings)]

@@ -40,18 +40,46 @@ def drop(d, key):
 BAD_CALLS = {
     "params missing a key": (lambda p, g: (drop(p, "rect"), g, {}), ValueError, "params lacks parameter 'rect'"),
     "grads missing a key": (lambda p, g: (p, drop(g, "bias"), {}), ValueError, "grads lacks parameter 'bias'"),
-    "params with extra key": (lambda p, g: ({**p, "new": torch.zeros(3)}, g, {}), ValueError, "params has parameter 'new'"),
-    "param of wrong shape": (lambda p, g: ({**p, "square": torch.zeros(64, 63)}, g, {}), ValueError, r"params\['square'\] has shape \(64, 63\)"),
-    "grad of wrong shape": (lambda p, g: (p, {**g, "conv": torch.zeros(3, 5, 7)}, {}), ValueError, r"grads\['conv'\] has shape"),
-    "param of wrong dtype": (lambda p, g: ({**p, "vec": p["vec"].double()}, g, {}), ValueError, r"params\['vec'\] has dtype torch.float64"),
-    "grad of wrong dtype": (lambda p, g: (p, {**g, "rect": g["rect"].half()}, {}), ValueError, r"grads\['rect'\] has dtype torch.float16"),
-    "grad on another device": (lambda p, g: (p, {**g, "square": torch.empty(64, 64, device="meta")}, {}), ValueError, r"grads\['square'\] is on meta"),
+    "params with extra key": (
+        lambda p, g: ({**p, "new": torch.zeros(3)}, g, {}),
+        ValueError,
+        "params has parameter 'new'",
+    ),
+    "param of wrong shape": (
+        lambda p, g: ({**p, "square": torch.zeros(64, 63)}, g, {}),
+        ValueError,
+        r"params\['square'\] has shape \(64, 63\)",
+    ),
+    "grad of wrong shape": (
+        lambda p, g: (p, {**g, "conv": torch.zeros(3, 5, 7)}, {}),
+        ValueError,
+        r"grads\['conv'\] has shape",
+    ),
+    "param of wrong dtype": (
+        lambda p, g: ({**p, "vec": p["vec"].double()}, g, {}),
+        ValueError,
+        r"params\['vec'\] has dtype torch.float64",
+    ),
+    "grad of wrong dtype": (
+        lambda p, g: (p, {**g, "rect": g["rect"].half()}, {}),
+        ValueError,
+        r"grads\['rect'\] has dtype torch.float16",
+    ),
+    "grad on another device": (
+        lambda p, g: (p, {**g, "square": torch.empty(64, 64, device="meta")}, {}),
+        ValueError,
+        r"grads\['square'\] is on meta",
+    ),
     "negative lr": (lambda p, g: (p, g, {"lr": -1.0}), ValueError, "lr must be"),
     "nan lr": (lambda p, g: (p, g, {"lr": math.nan}), ValueError, "lr must be"),
     "lr vector": (lambda p, g: (p, g, {"lr": torch.ones(2)}), ValueError, "lr must be"),
     "refresh not bool": (lambda p, g: (p, g, {"refresh": 1}), TypeError, "refresh must be"),
     "grads not a mapping": (lambda p, g: (p, list(g.values()), {}), TypeError, "grads must be a Mapping"),
-    "grad not a tensor": (lambda p, g: (p, {**g, "vec": [1.0] * 7}, {}), TypeError, r"grads\['vec'\] must be a torch.Tensor"),
+    "grad not a tensor": (
+        lambda p, g: (p, {**g, "vec": [1.0] * 7}, {}),
+        TypeError,
+        r"grads\['vec'\] must be a torch.Tensor",
+    ),
 }
 
 

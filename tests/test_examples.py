@@ -12,11 +12,38 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_train_lm_tiny(tmp_path):
     out = tmp_path / "run"
-    train_lm.main([
-        "--runs", "adamw@3e-3", "dash-eigh@3e-3", "--steps", "4", "--eval-every", "2", "--eval-batches", "1",
-        "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--context", "16", "--batch", "2",
-        "--block-size", "32", "--corpus-bytes", "200000", "--backend", "aot_eager", "--out", str(out), "--no-progress",
-    ])
+    train_lm.main(
+        [
+            "--runs",
+            "adamw@3e-3",
+            "dash-eigh@3e-3",
+            "--steps",
+            "4",
+            "--eval-every",
+            "2",
+            "--eval-batches",
+            "1",
+            "--d-model",
+            "32",
+            "--n-layers",
+            "1",
+            "--n-heads",
+            "2",
+            "--context",
+            "16",
+            "--batch",
+            "2",
+            "--block-size",
+            "32",
+            "--corpus-bytes",
+            "200000",
+            "--backend",
+            "aot_eager",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     log = json.loads((out / "log.json").read_text())
     assert [r["optimizer"] for r in log["runs"]] == ["adamw", "dash-eigh"]
     for run in log["runs"]:
@@ -26,8 +53,29 @@ def test_train_lm_tiny(tmp_path):
     assert "| dash-eigh@0.003 | 1 |" in (out / "summary.md").read_text()
 
 
-TINY = ["--steps", "4", "--eval-every", "2", "--eval-batches", "1", "--d-model", "32", "--n-layers", "1", "--n-heads", "2",
-        "--context", "16", "--batch", "2", "--corpus-bytes", "200000", "--backend", "aot_eager", "--no-progress"]
+TINY = [
+    "--steps",
+    "4",
+    "--eval-every",
+    "2",
+    "--eval-batches",
+    "1",
+    "--d-model",
+    "32",
+    "--n-layers",
+    "1",
+    "--n-heads",
+    "2",
+    "--context",
+    "16",
+    "--batch",
+    "2",
+    "--corpus-bytes",
+    "200000",
+    "--backend",
+    "aot_eager",
+    "--no-progress",
+]
 
 
 def test_train_lm_peers_and_wall_clock_columns(tmp_path):
@@ -59,7 +107,12 @@ def test_stdlib_corpus_is_deterministic_and_split():
 
 
 def test_quickstart_runs():
-    result = subprocess.run([sys.executable, str(ROOT / "examples" / "quickstart.py"), "--steps", "5"], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "quickstart.py"), "--steps", "5"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert "DASH (eigh) loss" in result.stdout
 
@@ -75,14 +128,38 @@ def test_cnn_digits_runs(capsys):
 
 def test_ddp_train_with_torchrun_two_ranks():
     """The DDP example under torchrun on 2 gloo ranks: it trains, halves the state, ranks agree."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", str(ROOT / "examples" / "ddp_train.py")]
-    tiny = ["--steps", "3", "--d-model", "32", "--n-layers", "1", "--batch", "2", "--context", "16", "--block-size", "16", "--corpus-bytes", "100000", "--no-progress"]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        str(ROOT / "examples" / "ddp_train.py"),
+    ]
+    tiny = [
+        "--steps",
+        "3",
+        "--d-model",
+        "32",
+        "--n-layers",
+        "1",
+        "--batch",
+        "2",
+        "--context",
+        "16",
+        "--block-size",
+        "16",
+        "--corpus-bytes",
+        "100000",
+        "--no-progress",
+    ]
     result = subprocess.run(command + tiny, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "parameters bitwise identical on all ranks: True" in result.stdout
     per_rank = result.stdout.split("optimizer state bytes per rank: ")[1].splitlines()[0]
     assert per_rank.count("B/param") == 2
-    single = subprocess.run([sys.executable, str(ROOT / "examples" / "ddp_train.py"), *tiny], capture_output=True, text=True, timeout=300)
+    single = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "ddp_train.py"), *tiny], capture_output=True, text=True, timeout=300
+    )
     assert single.returncode == 0, single.stderr[-3000:]
     whole = int(single.stdout.split("optimizer state bytes per rank: ")[1].split()[0])
     halves = [int(part.split()[0]) for part in per_rank.split(", ")]
@@ -96,8 +173,31 @@ def test_fsdp_train_checkpoints_resume_exactly_and_at_another_world_size(tmp_pat
     summation order of the gradient reduce-scatter. A resume that lost the optimizer state
     lands about 0.04 away at these sizes, so the tolerance is 1e-3, not a loose 1%."""
     script = str(ROOT / "examples" / "fsdp_train.py")
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", script]  # a free port
-    tiny = ["--steps", "4", "--d-model", "32", "--n-layers", "1", "--batch", "2", "--context", "16", "--block-size", "16", "--corpus-bytes", "100000", "--no-progress"]
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        script,
+    ]  # a free port
+    tiny = [
+        "--steps",
+        "4",
+        "--d-model",
+        "32",
+        "--n-layers",
+        "1",
+        "--batch",
+        "2",
+        "--context",
+        "16",
+        "--block-size",
+        "16",
+        "--corpus-bytes",
+        "100000",
+        "--no-progress",
+    ]
 
     def run(command):
         result = subprocess.run(command, capture_output=True, text=True, timeout=300)

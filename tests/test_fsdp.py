@@ -45,7 +45,12 @@ def test_every_block_is_owned_once_and_owned_rows_are_whole_bands(world_size, bl
     shards = [make_fsdp_shard(plan, k, world_size, "g", "exact", "shampoo") for k in range(world_size)]
     for i, p in enumerate(plan.params):
         owned = sorted((row, col) for s in shards for j, row, col, _, _ in s.block_origins(plan) if j == i)
-        want = sorted((r.row_start + a * r.block_rows, r.col_start + b * r.block_cols) for r in p.regions for a in range(r.n_rows) for b in range(r.n_cols))
+        want = sorted(
+            (r.row_start + a * r.block_rows, r.col_start + b * r.block_cols)
+            for r in p.regions
+            for a in range(r.n_rows)
+            for b in range(r.n_cols)
+        )
         assert owned == want, p.name
     for g, group in enumerate(plan.groups):  # the local stacks add up to the whole groups
         assert sum(s.local.groups[g].count for s in shards) == group.count
@@ -89,7 +94,9 @@ def test_ties_between_holders_go_to_the_least_loaded_rank():
 def one_rank_group(tmp_path_factory):
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path_factory.mktemp('pg') / 'init'}", rank=0, world_size=1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path_factory.mktemp('pg') / 'init'}", rank=0, world_size=1
+    )
     yield dist.group.WORLD
     dist.destroy_process_group()
 
@@ -117,9 +124,18 @@ def test_unsupported_placements_raise_type_errors(one_rank_group):
         ({"w": distribute_tensor(w, mesh, [Shard(1)])}, r"placements \(Shard\(dim=1\),\).*not tensor-parallel"),
         ({"w": DTensor.from_local(w, mesh, [Partial()])}, r"placements \(Partial\(sum\),\)"),
         ({"w": distribute_tensor(w, mesh, [Replicate()])}, r"placements \(Replicate\(\),\)"),
-        ({"w": distribute_tensor(w, init_device_mesh("cpu", (1, 1, 1)), [Replicate(), Replicate(), Shard(0)])}, "3-D DeviceMesh"),
-        ({"w": distribute_tensor(w, mesh, [Shard(0)]), "b": torch.zeros(3)}, r"mixes DTensors \('w'\) and plain tensors \('b'\)"),
-        ({"w": distribute_tensor(w, init_device_mesh("cpu", (1, 1)), [Shard(0), Replicate()])}, r"placements \(Shard\(dim=0\), Replicate\(\)\)"),
+        (
+            {"w": distribute_tensor(w, init_device_mesh("cpu", (1, 1, 1)), [Replicate(), Replicate(), Shard(0)])},
+            "3-D DeviceMesh",
+        ),
+        (
+            {"w": distribute_tensor(w, mesh, [Shard(0)]), "b": torch.zeros(3)},
+            r"mixes DTensors \('w'\) and plain tensors \('b'\)",
+        ),
+        (
+            {"w": distribute_tensor(w, init_device_mesh("cpu", (1, 1)), [Shard(0), Replicate()])},
+            r"placements \(Shard\(dim=0\), Replicate\(\)\)",
+        ),
     ]
     for params, match in cases:
         with pytest.raises(TypeError, match=match):
@@ -132,7 +148,12 @@ def launch(world_size: int, out, task: str, *args: str) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     init = out / f"init_{task}_{world_size}_{'_'.join(args)}"
     procs = [
-        subprocess.Popen([sys.executable, WORKER, str(rank), str(world_size), str(init), str(out), task, *args], env=env, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, WORKER, str(rank), str(world_size), str(init), str(out), task, *args],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for rank in range(world_size)
     ]
     errors = [proc.communicate(timeout=600)[1] for proc in procs]
@@ -276,7 +297,9 @@ def test_functional_load_state_dict_names_the_differing_field_and_changes_nothin
     _, state = _stepped_state(config)
     saved = dash_fn.state_dict(state)
     other = dash_fn.init(fsdp_worker.full_params(), config.replace(beta_LR=0.9))
-    before = {k: v.clone() for k, v in other.exclude("config", "plan", "shard").items(include_nested=True, leaves_only=True)}
+    before = {
+        k: v.clone() for k, v in other.exclude("config", "plan", "shard").items(include_nested=True, leaves_only=True)
+    }
     with pytest.raises(ValueError, match=r"config.beta_LR is 0.9 here but 0.95 in the checkpoint"):
         dash_fn.load_state_dict(other, saved)
     for k, v in other.exclude("config", "plan", "shard").items(include_nested=True, leaves_only=True):

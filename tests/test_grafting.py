@@ -20,7 +20,7 @@ def adam_norms(grad_history, config, B):
         if t == 1:
             Gt = (1 - config.beta_G) * G
         A = (1 - config.beta_graft) * G * G if A is None else config.beta_graft * A + (1 - config.beta_graft) * G * G
-    D = (Gt / (1 - config.beta_G ** t)) / (config.eps_graft + (A / (1 - config.beta_graft ** t)).sqrt())
+    D = (Gt / (1 - config.beta_G**t)) / (config.eps_graft + (A / (1 - config.beta_graft**t)).sqrt())
     return {k: v.norm() for k, v in blocks_of(D, B).items()}
 
 

@@ -10,4 +10,6 @@ def test_every_mutation_applies_exactly_once():
     for mutation in mutation_check.MUTATIONS:
         with open(os.path.join(mutation_check.ROOT, mutation.path)) as f:
             assert f.read().count(mutation.old) == 1, mutation.name
-        assert all(os.path.exists(os.path.join(mutation_check.ROOT, t)) for t in mutation.tests if t.endswith(".py")), mutation.name
+        assert all(os.path.exists(os.path.join(mutation_check.ROOT, t)) for t in mutation.tests if t.endswith(".py")), (
+            mutation.name
+        )

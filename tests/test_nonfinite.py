@@ -19,7 +19,9 @@ FAULTS = {  # what spoils one parameter's gradient
     "nan": lambda g: g.view(-1)[:1].fill_(float("nan")),  # one entry
     "inf": lambda g: g.fill_(-math.inf),
     "overflowing product": lambda g: g.mul_(1e25),  # finite, but G G^T is 1e50 > float32's 3e38
-    "overflowing column": lambda g: g[:, 0].fill_(1e19),  # rows' sums of squares 1e38 fit, a column's (in G^T G) does not
+    "overflowing column": lambda g: g[:, 0].fill_(
+        1e19
+    ),  # rows' sums of squares 1e38 fit, a column's (in G^T G) does not
 }
 
 
@@ -33,7 +35,9 @@ def run(faulty_step=None, fault=None, step=dash_fn.step, config=CONFIG, steps=6,
             bad = random_grads(params, 100)
             FAULTS[fault](bad[where])
             params, state = step(params, bad, state, lr=torch.tensor(1e-2), refresh=dash_fn.is_refresh_step(config, t))
-        params, state = step(params, random_grads(params, t), state, lr=torch.tensor(1e-2), refresh=dash_fn.is_refresh_step(config, t))
+        params, state = step(
+            params, random_grads(params, t), state, lr=torch.tensor(1e-2), refresh=dash_fn.is_refresh_step(config, t)
+        )
     return params, state
 
 
@@ -99,7 +103,9 @@ def test_the_skipped_step_itself_leaves_params_and_state_bitwise(refresh):
     params = mixed_params()
     state = dash_fn.init(params, CONFIG)
     for t in range(1, 4):
-        params, state = dash_fn.step(params, random_grads(params, t), state, lr=1e-2, refresh=dash_fn.is_refresh_step(CONFIG, t))
+        params, state = dash_fn.step(
+            params, random_grads(params, t), state, lr=1e-2, refresh=dash_fn.is_refresh_step(CONFIG, t)
+        )
     before = {k: v.clone() for k, v in tensors(state).items()}
     bad = random_grads(params, 4)
     bad["square"][0, 0] = float("nan")
@@ -144,7 +150,13 @@ def adapter_run(values, faulty_call, compile=False, steps=5):
     return params, opt
 
 
-ADAPTER_CONFIG = {"block_size": 24, "solver": "eigh", "inv_root_freq": 2, "eps": 1e-6, "eps_graft": 1e-8}  # eps_graft: eps is the damping
+ADAPTER_CONFIG = {
+    "block_size": 24,
+    "solver": "eigh",
+    "inv_root_freq": 2,
+    "eps": 1e-6,
+    "eps_graft": 1e-8,
+}  # eps_graft: eps is the damping
 
 
 def test_adapter_schedule_counts_every_call_skipped_or_not():
@@ -162,7 +174,9 @@ def test_adapter_schedule_counts_every_call_skipped_or_not():
         if call == 4:
             grads = {k: g.fill_(math.nan) if k == "bias" else g for k, g in random_grads(values, 50).items()}
         with simulated_accelerator(False):  # the CPU strategy's bits (also under DASH_FN_SIMULATE_ACCELERATOR=1)
-            expected, state = dash_fn.step(expected, grads, state, lr=1e-2, refresh=dash_fn.is_refresh_step(config, call))
+            expected, state = dash_fn.step(
+                expected, grads, state, lr=1e-2, refresh=dash_fn.is_refresh_step(config, call)
+            )
     assert int(state["skipped"]) == 1
     names = list(values)
     runs = {}
@@ -176,7 +190,9 @@ def test_adapter_schedule_counts_every_call_skipped_or_not():
     for got in runs.values():
         for name, x, want in zip(names, got, (expected[k] for k in names)):
             torch.testing.assert_close(x, want, rtol=1e-9, atol=1e-9, msg=name)
-    assert all(torch.equal(x, y) for x, y in zip(runs[False, False], (expected[k] for k in names)))  # eager CPU: bitwise
+    assert all(
+        torch.equal(x, y) for x, y in zip(runs[False, False], (expected[k] for k in names))
+    )  # eager CPU: bitwise
     assert all(torch.equal(x, y) for x, y in zip(runs[True, False], runs[True, True]))  # accelerator: compiled = eager
 
 

@@ -71,7 +71,10 @@ def test_param_groups_have_their_own_lr_and_weight_decay():
     params = parameters()
     matrices, vectors = ["square", "rect", "conv"], ["bias", "vec", "scalar"]
     opt = dash_fn.DASH(
-        [{"params": [params[k] for k in matrices], "lr": 0.02, "weight_decay": 0.1}, {"params": [params[k] for k in vectors], "weight_decay_1d": 0.05}],
+        [
+            {"params": [params[k] for k in matrices], "lr": 0.02, "weight_decay": 0.1},
+            {"params": [params[k] for k in vectors], "weight_decay_1d": 0.05},
+        ],
         lr=0.005,
         **CONFIG,
     )
@@ -134,7 +137,9 @@ def test_grad_none_leaves_parameter_and_its_state_untouched():
     opt.step()
     named = {str(i): v for i, v in enumerate(before.values())}
     zero_filled = {str(i): torch.zeros_like(g) if k in skipped else g for i, (k, g) in enumerate(grads.items())}
-    want, want_state = dash_fn.step(named, zero_filled, before_state.clone(), lr=0.01, refresh=dash_fn.is_refresh_step(config, 4))
+    want, want_state = dash_fn.step(
+        named, zero_filled, before_state.clone(), lr=0.01, refresh=dash_fn.is_refresh_step(config, 4)
+    )
     for i, k in enumerate(params):
         assert torch.equal(params[k].detach(), before[k] if k in skipped else want[str(i)]), k
     owned = {}
@@ -151,7 +156,9 @@ def test_grad_none_leaves_parameter_and_its_state_untouched():
 
 def test_group_without_grads_is_skipped_entirely():
     params = {k: p for k, p in parameters().items() if k in ("square", "bias", "rect")}
-    opt = dash_fn.DASH([{"params": [params["square"], params["bias"]]}, {"params": [params["rect"]]}], lr=0.01, **CONFIG)
+    opt = dash_fn.DASH(
+        [{"params": [params["square"], params["bias"]]}, {"params": [params["rect"]]}], lr=0.01, **CONFIG
+    )
     set_grads(params, random_grads(params, 1), skip={"rect"})
     opt.step()
     assert params["rect"] not in opt.state  # never stepped: no state yet, as in torch.optim
@@ -184,7 +191,9 @@ def test_closure_is_evaluated_with_grad_and_its_loss_returned():
     with torch.no_grad():  # the closure still gets gradients
         loss = opt.step(closure)
     assert len(calls) == 1
-    grads = torch.func.grad(lambda p: torch.nn.functional.mse_loss(torch.func.functional_call(model, p, (x,)), y))(start)
+    grads = torch.func.grad(lambda p: torch.nn.functional.mse_loss(torch.func.functional_call(model, p, (x,)), y))(
+        start
+    )
     assert torch.equal(loss, torch.nn.functional.mse_loss(torch.func.functional_call(model, start, (x,)), y))
     want, _ = dash_fn.step(start, grads, dash_fn.init(start, dash_fn.DashConfig(**CONFIG)), lr=0.01, refresh=True)
     for k, p in model.named_parameters():
@@ -224,7 +233,9 @@ def test_two_compiled_optimizers_on_different_models_in_one_process():
     for shapes in ({"w": (12, 10), "s": (8, 8), "b": (10,)}, {"u": (6, 9), "v": (4, 6), "c": (4,)}):
         params = {k: torch.nn.Parameter(v) for k, v in mixed_params(shapes=shapes).items()}
         opt = dash_fn.DASH(params.values(), lr=0.01, compile={"backend": "aot_eager"}, block_size=16, solver="eigh")
-        eager = dash_fn.DASH([torch.nn.Parameter(p.detach().clone()) for p in params.values()], lr=0.01, block_size=16, solver="eigh")
+        eager = dash_fn.DASH(
+            [torch.nn.Parameter(p.detach().clone()) for p in params.values()], lr=0.01, block_size=16, solver="eigh"
+        )
         for t in range(1, 3):
             set_grads(params, random_grads(params, t))
             for p, q in zip(params.values(), eager.param_groups[0]["params"]):
@@ -288,7 +299,10 @@ def test_bad_options_raise_before_anything_is_added():
 
 def test_param_group_keys_are_strict():
     params = list(parameters().values())
-    with pytest.raises(TypeError, match=r"unknown key 'weight_decy'; the keys DASH knows are \('params', 'param_names', 'lr', 'batch_dims'"):
+    with pytest.raises(
+        TypeError,
+        match=r"unknown key 'weight_decy'; the keys DASH knows are \('params', 'param_names', 'lr', 'batch_dims'",
+    ):
         dash_fn.DASH([{"params": params, "weight_decy": 0.1}])
     opt = dash_fn.DASH(params[:2], lr=0.01)
     with pytest.raises(TypeError, match="unknown key 'momentum'"):
@@ -316,6 +330,7 @@ def test_named_parameters_name_the_state_and_the_errors():
 def test_weight_decay_decays_vectors_as_adamw_does_unless_told_otherwise():
     """weight_decay alone: every parameter decays, vectors included (torch.optim.AdamW's rule);
     weight_decay_1d=0.0 leaves the vectors undecayed."""
+
     def bias_after_one_step(**decay):
         bias = torch.nn.Parameter(torch.ones(4))
         opt = dash_fn.DASH([bias], lr=0.1, **decay)
@@ -332,7 +347,9 @@ def test_mixed_precision_group_says_why_its_state_is_float64():
     opt = dash_fn.DASH(params, lr=0.01, block_size=4)
     for p in params:
         p.grad = torch.randn_like(p)
-    with pytest.warns(UserWarning, match=r"mix float64 \('0'\) with lower precision \('1'\).*whole state is kept in float64"):
+    with pytest.warns(
+        UserWarning, match=r"mix float64 \('0'\) with lower precision \('1'\).*whole state is kept in float64"
+    ):
         opt.step()
     assert state_of(opt)["groups", "0", "A"].dtype == torch.float64
     split = dash_fn.DASH([{"params": params[:1]}, {"params": params[1:]}], lr=0.01, block_size=4)
@@ -375,7 +392,7 @@ def test_load_state_dict_takes_step_counters_as_numbers_or_float_tensors():
     opt = stepped(dash_fn.DASH, list(parameters().values()), lr=0.01, **CONFIG)
     for form in (int, lambda t: t.float()):
         saved = opt.state_dict()
-        counters = lambda v: {"step": form(v["step"]), "skipped": form(v["skipped"])}
+        counters = lambda v, form=form: {"step": form(v["step"]), "skipped": form(v["skipped"])}
         saved["state"] = {k: {**v, **counters(v)} for k, v in saved["state"].items()}
         fresh = dash_fn.DASH(list(parameters().values()), lr=0.01, **CONFIG)
         fresh.load_state_dict(saved)
@@ -389,7 +406,7 @@ def test_one_element_tensor_lr_is_accepted_and_others_refused_as_torch_optim_doe
     runs = []
     for lr in (torch.tensor([0.01]), torch.tensor(0.01)):
         params = list(parameters().values())
-        opt = stepped(dash_fn.DASH, params, lr=lr, **CONFIG)
+        stepped(dash_fn.DASH, params, lr=lr, **CONFIG)
         runs.append([p.detach().clone() for p in params])
     assert all(torch.equal(a, b) for a, b in zip(*runs))
     torch.optim.Adam(list(parameters().values()), lr=torch.tensor([0.01]))  # the form torch.optim takes
@@ -401,6 +418,7 @@ def test_one_element_tensor_lr_is_accepted_and_others_refused_as_torch_optim_doe
 def test_a_parameter_listed_twice_has_one_index_and_is_stepped_once():
     """torch.optim warns and numbers each distinct tensor once; DASH's state dict round-trips
     and the update is that of the parameter listed once."""
+
     def listed(opt_cls, twice):
         a, b = (torch.nn.Parameter(v) for v in mixed_params(shapes={"a": (20, 12), "b": (12,)}).values())
         params = [a, b, a] if twice else [a, b]

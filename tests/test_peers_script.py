@@ -15,7 +15,10 @@ def test_peers_quick_prints_the_table():
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-4000:]
     lines = out.stdout.splitlines()
-    header = "| optimizer | every step refreshes (freq 1) ms | freq 10, mean ms | plain step (no refresh) ms | state B/param |"
+    header = (
+        "| optimizer | every step refreshes (freq 1) ms | freq 10, mean ms | plain step (no refresh) ms "
+        "| state B/param |"
+    )
     assert header in lines
     rows = {line.split("|")[1].strip(): line for line in lines if line.startswith("| ") and line != header}
     for name in ("dash_fn.DASH eager", "torch AdamW (foreach)"):

@@ -21,7 +21,11 @@ pytestmark = pytest.mark.filterwarnings("ignore:parameter .* is viewed as one", 
 def problems(draw, max_params=4):
     """(shapes, block size, batch dims): every dim in [0, 2 x block]."""
     block_size = draw(st.integers(1, 9))
-    shapes = draw(st.lists(st.lists(st.integers(0, 2 * block_size), min_size=0, max_size=4).map(tuple), min_size=1, max_size=max_params))
+    shapes = draw(
+        st.lists(
+            st.lists(st.integers(0, 2 * block_size), min_size=0, max_size=4).map(tuple), min_size=1, max_size=max_params
+        )
+    )
     batch_dims = {}
     for i, shape in enumerate(shapes):
         if len(shape) >= 3 and draw(st.booleans()):
@@ -31,7 +35,10 @@ def problems(draw, max_params=4):
 
 def make_params(shapes, dtypes, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    return {f"p{i}": torch.randn(s, generator=gen, dtype=torch.float64).to(dtype) for i, (s, dtype) in enumerate(zip(shapes, dtypes))}
+    return {
+        f"p{i}": torch.randn(s, generator=gen, dtype=torch.float64).to(dtype)
+        for i, (s, dtype) in enumerate(zip(shapes, dtypes))
+    }
 
 
 @settings(max_examples=80, deadline=None)
@@ -49,25 +56,32 @@ def test_gather_then_scatter_returns_every_parameter_exactly(problem, one_dim):
     assert sum(x.numel() for x in stacks) == sum(p.numel for p in plan.params if p.kind not in (ADAMW, EMPTY))
 
 
-CONFIGS = st.fixed_dictionaries({
-    "solver": st.sampled_from(["eigh", "cn", "ndb"]),
-    "one_dim": st.sampled_from(["adamw", "shampoo"]),
-    "mu": st.sampled_from([0.0, 0.5]),
-    "beta_G": st.sampled_from([0.0, 0.9]),
-    "grafting": st.sampled_from(["adam", "adagrad"]),
-    "inv_root_freq": st.integers(1, 3),
-    "weight_decay": st.sampled_from([0.0, 0.1]),
-})
+CONFIGS = st.fixed_dictionaries(
+    {
+        "solver": st.sampled_from(["eigh", "cn", "ndb"]),
+        "one_dim": st.sampled_from(["adamw", "shampoo"]),
+        "mu": st.sampled_from([0.0, 0.5]),
+        "beta_G": st.sampled_from([0.0, 0.9]),
+        "grafting": st.sampled_from(["adam", "adagrad"]),
+        "inv_root_freq": st.integers(1, 3),
+        "weight_decay": st.sampled_from([0.0, 0.1]),
+    }
+)
 DTYPES = st.sampled_from([torch.float32, torch.bfloat16, torch.float64])
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(problem=problems(), config=CONFIGS, dtypes=st.lists(DTYPES, min_size=5, max_size=5), scale=st.sampled_from([1e-6, 1.0, 1e6]))
+@given(
+    problem=problems(),
+    config=CONFIGS,
+    dtypes=st.lists(DTYPES, min_size=5, max_size=5),
+    scale=st.sampled_from([1e-6, 1.0, 1e6]),
+)
 def test_finite_inputs_give_finite_outputs(problem, config, dtypes, scale):
     shapes, block_size, batch_dims = problem
     params = make_params(shapes, dtypes)
     state = dash_fn.init(params, dash_fn.DashConfig(block_size=block_size, **config), batch_dims=batch_dims)
-    for t in range(1, 4):
+    for _t in range(1, 4):
         grads = {k: (scale * torch.randn(v.shape, dtype=torch.float64)).to(v.dtype) for k, v in params.items()}
         new, state = dash_fn.step(params, grads, state, lr=0.01)
         for k, v in new.items():
@@ -94,7 +108,13 @@ def test_compiled_equals_eager_within_the_documented_tolerance(problem, config):
         for t in range(1, 4):
             gen = torch.Generator().manual_seed(t)
             grads = {k: torch.randn(v.shape, generator=gen, dtype=v.dtype) for k, v in params.items()}
-            params, state = step(params, grads, state, lr=torch.tensor(0.01, dtype=torch.float64), refresh=dash_fn.is_refresh_step(schedule, t))
+            params, state = step(
+                params,
+                grads,
+                state,
+                lr=torch.tensor(0.01, dtype=torch.float64),
+                refresh=dash_fn.is_refresh_step(schedule, t),
+            )
         runs.append(params)
     for k in runs[0]:
         torch.testing.assert_close(runs[1][k], runs[0][k], rtol=1e-3, atol=1e-5, msg=k)
@@ -104,11 +124,32 @@ def _corruptions(params, grads):
     """(description, params, grads, lr, expected error, message) for one bad call each."""
     name = next(iter(params))
     x = params[name]
-    yield "missing grad", params, {k: v for k, v in grads.items() if k != name}, 0.01, ValueError, f"grads lacks parameter '{name}'"
+    yield (
+        "missing grad",
+        params,
+        {k: v for k, v in grads.items() if k != name},
+        0.01,
+        ValueError,
+        f"grads lacks parameter '{name}'",
+    )
     yield "extra grad", params, {**grads, "stray": torch.zeros(1)}, 0.01, ValueError, "grads has parameter 'stray'"
-    yield "wrong shape", params, {**grads, name: torch.zeros(*x.shape, 1)}, 0.01, ValueError, f"grads\\['{name}'\\] has shape"
+    yield (
+        "wrong shape",
+        params,
+        {**grads, name: torch.zeros(*x.shape, 1)},
+        0.01,
+        ValueError,
+        f"grads\\['{name}'\\] has shape",
+    )
     wrong = torch.float64 if x.dtype != torch.float64 else torch.float32
-    yield "wrong dtype", params, {**grads, name: grads[name].to(wrong)}, 0.01, ValueError, f"grads\\['{name}'\\] has dtype"
+    yield (
+        "wrong dtype",
+        params,
+        {**grads, name: grads[name].to(wrong)},
+        0.01,
+        ValueError,
+        f"grads\\['{name}'\\] has dtype",
+    )
     yield "negative lr", params, grads, -1.0, ValueError, "lr must be a finite number >= 0"
     yield "nan lr", params, grads, math.nan, ValueError, "lr must be a finite number >= 0"
     yield "vector lr", params, grads, torch.ones(2), ValueError, "lr must be a float or a 0-d floating tensor"

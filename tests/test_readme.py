@@ -35,8 +35,10 @@ def readme_blocks() -> list[dict]:
             end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
             if line.strip() == "```python":
                 marker = NOT_RUN.match(lines[i - 1].strip()) if i else None
-                code = "\n".join(lines[i + 1:end]) + "\n"
-                blocks.append({"line": i + 2, "code": code, "heading": heading, "not_run": marker["reason"] if marker else None})
+                code = "\n".join(lines[i + 1 : end]) + "\n"
+                blocks.append(
+                    {"line": i + 2, "code": code, "heading": heading, "not_run": marker["reason"] if marker else None}
+                )
             i = end
         i += 1
     return blocks
@@ -65,8 +67,12 @@ def test_readme_block_runs(block, tmp_path):
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(key, None)
-    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, f"README.md block at line {block['line']} ({block['heading']}) failed:\n{result.stderr[-3000:]}"
+    result = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, (
+        f"README.md block at line {block['line']} ({block['heading']}) failed:\n{result.stderr[-3000:]}"
+    )
     if block["heading"] == "Quick start":  # it prints the loss going down
         losses = [float(x) for x in re.findall(r"loss (\d+\.\d+)", result.stdout)]
         assert len(losses) >= 3, result.stdout
@@ -75,7 +81,11 @@ def test_readme_block_runs(block, tmp_path):
 
 def argparse_scripts() -> list[Path]:
     scripts = sorted([*ROOT.glob("examples/*.py"), *ROOT.glob("benchmarks/*.py")])
-    return [p for p in scripts if not p.name.startswith(("test_", "conftest")) and "argparse.ArgumentParser" in p.read_text()]
+    return [
+        p
+        for p in scripts
+        if not p.name.startswith(("test_", "conftest")) and "argparse.ArgumentParser" in p.read_text()
+    ]
 
 
 def option_entries(help_text: str) -> list[str]:
@@ -99,10 +109,19 @@ def test_every_script_help_shows_each_default_once():
     "default" (a hand-written one would repeat it, or contradict it)."""
     scripts = argparse_scripts()
     names = {p.name for p in scripts}
-    assert {"train_lm.py", "quickstart.py", "cnn_digits.py", "compiled_step.py", "ddp_train.py", "step_bench.py"} <= names, names
+    assert {
+        "train_lm.py",
+        "quickstart.py",
+        "cnn_digits.py",
+        "compiled_step.py",
+        "ddp_train.py",
+        "step_bench.py",
+    } <= names, names
 
     def run(path):
-        return subprocess.run([sys.executable, str(path), "--help"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, str(path), "--help"], cwd=ROOT, capture_output=True, text=True, timeout=300
+        )
 
     with ThreadPoolExecutor(max_workers=3) as pool:
         results = dict(zip(scripts, pool.map(run, scripts)))

@@ -13,12 +13,20 @@ pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator
 
 CONFIGS = {
     "default-eigh": dict(solver="eigh", inv_root_freq=1),
-    "freq3-s4-momentum": dict(solver="eigh", inv_root_freq=3, start_prec_step=4, mu=0.5, nesterov=True, weight_decay=0.1, weight_decay_1d=0.05),
-    "plain-momentum-adagrad": dict(solver="eigh", inv_root_freq=1, mu=0.3, nesterov=False, grafting="adagrad", beta_G=0.0, beta_LR=1.0),
-    "shampoo-vectors-nobc": dict(solver="eigh", one_dim="shampoo", bias_correction=False, eigh_heuristic="abs_add", inv_root_freq=2),
+    "freq3-s4-momentum": dict(
+        solver="eigh", inv_root_freq=3, start_prec_step=4, mu=0.5, nesterov=True, weight_decay=0.1, weight_decay_1d=0.05
+    ),
+    "plain-momentum-adagrad": dict(
+        solver="eigh", inv_root_freq=1, mu=0.3, nesterov=False, grafting="adagrad", beta_G=0.0, beta_LR=1.0
+    ),
+    "shampoo-vectors-nobc": dict(
+        solver="eigh", one_dim="shampoo", bias_correction=False, eigh_heuristic="abs_add", inv_root_freq=2
+    ),
     "relu-heuristic": dict(solver="eigh", inv_root_freq=1, eigh_heuristic="relu", eps=1e-6, start_prec_step=2),
     "abs-heuristic": dict(solver="eigh", inv_root_freq=2, eigh_heuristic="abs", eps=1e-6),
-    "shampoo-vectors-two-decays": dict(solver="eigh", inv_root_freq=1, one_dim="shampoo", weight_decay=0.1, weight_decay_1d=0.03),
+    "shampoo-vectors-two-decays": dict(
+        solver="eigh", inv_root_freq=1, one_dim="shampoo", weight_decay=0.1, weight_decay_1d=0.03
+    ),
     "adagrad-with-gradient-ema": dict(solver="eigh", inv_root_freq=1, grafting="adagrad", beta_G=0.9, mu=0.2),
 }
 
@@ -111,7 +119,17 @@ def test_tiny_gradients_where_the_epsilons_and_bias_correction_matter():
 def test_matmul_solvers_inside_step_match_the_eigh_reference(solver, scaling):
     """Converged Newton iterations (float64, 40 steps, eps 1e-2 bounding the condition number)
     give the same roots as the reference's eigh, so the whole step agrees."""
-    config = dash_fn.DashConfig(block_size=24, solver=solver, scaling=scaling, newton_steps=40, eps=1e-2, inv_root_freq=2, mu=0.3, cn_tol=1e-14, ndb_tol=1e-14)
+    config = dash_fn.DashConfig(
+        block_size=24,
+        solver=solver,
+        scaling=scaling,
+        newton_steps=40,
+        eps=1e-2,
+        inv_root_freq=2,
+        mu=0.3,
+        cn_tol=1e-14,
+        ndb_tol=1e-14,
+    )
     params, ref_params = run_both(config, torch.float64, steps=8)
     errs = max_relative_error(params, ref_params)
     assert max(errs.values()) < 1e-7, errs
@@ -120,7 +138,9 @@ def test_matmul_solvers_inside_step_match_the_eigh_reference(solver, scaling):
 def test_chebyshev_inside_step_matches_the_shifted_eigh_root():
     """Chebyshev computes (X + cheb_eps s I)^{-1/p} with s = ||X||_F under fro scaling
     (docs/ALGORITHM.md 5.4); the reference gets that root by eigh through its root hook."""
-    config = dash_fn.DashConfig(block_size=24, solver="chebyshev", scaling="fro", cheb_eps=1e-2, cheb_degree=60, inv_root_freq=1)
+    config = dash_fn.DashConfig(
+        block_size=24, solver="chebyshev", scaling="fro", cheb_eps=1e-2, cheb_degree=60, inv_root_freq=1
+    )
 
     def shifted_root(X, p):
         s = max(float(torch.linalg.norm(X)), 1e-30)
@@ -132,7 +152,9 @@ def test_chebyshev_inside_step_matches_the_shifted_eigh_root():
     ref = ReferenceDash(mixed_params(torch.float64), config, root=shifted_root)
     ref_params = mixed_params(torch.float64)
     for t in range(1, 9):
-        params, state = dash_fn.step(params, random_grads(params, t), state, lr=0.01, refresh=dash_fn.is_refresh_step(config, t))
+        params, state = dash_fn.step(
+            params, random_grads(params, t), state, lr=0.01, refresh=dash_fn.is_refresh_step(config, t)
+        )
         ref_params = ref.step(ref_params, random_grads(ref_params, t), 0.01)
     errs = max_relative_error(params, ref_params)
     assert max(errs.values()) < 1e-5, errs

@@ -49,7 +49,10 @@ def test_peak_temporaries_of_a_refresh_are_two_stacks(chunked, solver, count, si
         refresh_roots(*args)
     stack = F.numel() * F.element_size()
     identities = 4 * stack // count  # the few b x b identities a solver call makes, whatever the chunk
-    assert memory.peak <= 2 * stack + identities, (memory.peak / stack, roots.chunk_blocks(count, stack // count, solver))
+    assert memory.peak <= 2 * stack + identities, (
+        memory.peak / stack,
+        roots.chunk_blocks(count, stack // count, solver),
+    )
 
 
 @pytest.mark.parametrize("solver", SOLVERS)
@@ -88,16 +91,23 @@ def test_chunks_give_the_whole_stack_result_bitwise(chunked, solver):
 
 
 def test_a_chunked_refresh_compiles_inside_the_step(chunked):
-    """The chunks' writes into the result trace (fullgraph) and give the eager result. float64 and eps = 1e-6: eager on the CPU forms aligned factor EMAs inside their
-    products, compiled apart, and eps = 1e-10 in float32 turns that rounding difference into
-    1e-2 differences of the parameters (as between eager and Inductor: test_compile_step)."""
+    """The chunks' writes into the result trace (fullgraph) and give the eager result. float64
+    and eps = 1e-6: eager on the CPU forms aligned factor EMAs inside their products, compiled
+    apart, and eps = 1e-10 in float32 turns that rounding difference into 1e-2 differences of
+    the parameters (as between eager and Inductor: test_compile_step)."""
     params = mixed_params(torch.float64)
     config = dash_fn.DashConfig(block_size=16, solver="eigh", inv_root_freq=2, eps=1e-6)  # eigh: a small graph
     runs = []
     for step in (dash_fn.step, torch.compile(dash_fn.step, fullgraph=True, backend="aot_eager")):
         p, state = params, dash_fn.init(params, config)
         for t in range(1, 4):
-            p, state = step(p, random_grads(p, t), state, lr=torch.tensor(1e-2, dtype=torch.float64), refresh=dash_fn.is_refresh_step(config, t))
+            p, state = step(
+                p,
+                random_grads(p, t),
+                state,
+                lr=torch.tensor(1e-2, dtype=torch.float64),
+                refresh=dash_fn.is_refresh_step(config, t),
+            )
         runs.append(p)
     for name in params:
         torch.testing.assert_close(runs[1][name], runs[0][name], rtol=1e-9, atol=1e-9)

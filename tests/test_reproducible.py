@@ -20,9 +20,30 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
-    "--runs", "adamw@3e-3", "dash-eigh@3e-3", "--steps", "6", "--eval-every", "3", "--eval-batches", "1",
-    "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--context", "32", "--batch", "8",
-    "--block-size", "32", "--corpus-bytes", "200000", "--no-progress",
+    "--runs",
+    "adamw@3e-3",
+    "dash-eigh@3e-3",
+    "--steps",
+    "6",
+    "--eval-every",
+    "3",
+    "--eval-batches",
+    "1",
+    "--d-model",
+    "32",
+    "--n-layers",
+    "1",
+    "--n-heads",
+    "2",
+    "--context",
+    "32",
+    "--batch",
+    "8",
+    "--block-size",
+    "32",
+    "--corpus-bytes",
+    "200000",
+    "--no-progress",
 ]
 
 
@@ -39,7 +60,19 @@ def train_lm_twice(tmp_path: Path, backend: str) -> list[tuple[list, dict]]:
     outputs = []
     for i in range(2):
         out = tmp_path / f"run{i}"
-        fresh_process([str(ROOT / "examples" / "train_lm.py"), *TINY, "--backend", backend, "--out", str(out), "--save-params", str(out / "params.pt")], cache)
+        fresh_process(
+            [
+                str(ROOT / "examples" / "train_lm.py"),
+                *TINY,
+                "--backend",
+                backend,
+                "--out",
+                str(out),
+                "--save-params",
+                str(out / "params.pt"),
+            ],
+            cache,
+        )
         outputs.append((json.loads((out / "log.json").read_text())["runs"], torch.load(out / "params.pt")))
     return outputs
 
@@ -71,7 +104,13 @@ def test_train_lm_repeats_bitwise_inductor_cold_and_warm_cache(tmp_path):
 ADAPTER_LOOP = """
 import sys, torch, dash_fn
 torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Embedding(256, 32), torch.nn.Flatten(), torch.nn.Linear(8 * 32, 64), torch.nn.GELU(), torch.nn.Linear(64, 256))
+model = torch.nn.Sequential(
+    torch.nn.Embedding(256, 32),
+    torch.nn.Flatten(),
+    torch.nn.Linear(8 * 32, 64),
+    torch.nn.GELU(),
+    torch.nn.Linear(64, 256),
+)
 opt = dash_fn.DASH(model.named_parameters(), lr=3e-3, block_size=32, solver="eigh", inv_root_freq=2)
 gen = torch.Generator().manual_seed(1)
 for step in range(8):
@@ -104,7 +143,25 @@ def test_train_lm_leaves_the_deterministic_flag_as_it_found_it(tmp_path):
     import train_lm
 
     assert not torch.are_deterministic_algorithms_enabled()
-    tiny = ["--runs", "adamw@3e-3", "--steps", "1", "--eval-batches", "1", "--d-model", "32", "--n-layers", "1", "--context", "16", "--batch", "2", "--corpus-bytes", "200000", "--no-progress"]
+    tiny = [
+        "--runs",
+        "adamw@3e-3",
+        "--steps",
+        "1",
+        "--eval-batches",
+        "1",
+        "--d-model",
+        "32",
+        "--n-layers",
+        "1",
+        "--context",
+        "16",
+        "--batch",
+        "2",
+        "--corpus-bytes",
+        "200000",
+        "--no-progress",
+    ]
     train_lm.main([*tiny, "--backend", "none", "--out", str(tmp_path)])
     assert not torch.are_deterministic_algorithms_enabled()
 

@@ -10,7 +10,11 @@ from conftest import mixed_params
 
 
 def finite_state(state):
-    return all(torch.isfinite(v).all() for v in state.values(include_nested=True, leaves_only=True) if isinstance(v, torch.Tensor) and v.is_floating_point())
+    return all(
+        torch.isfinite(v).all()
+        for v in state.values(include_nested=True, leaves_only=True)
+        if isinstance(v, torch.Tensor) and v.is_floating_point()
+    )
 
 
 @pytest.mark.parametrize("heuristic", ["shampoo", "abs", "abs_add", "relu"])
@@ -30,7 +34,7 @@ def test_zero_blocks_inside_a_matrix_do_not_move():
     config = dash_fn.DashConfig(block_size=8, solver="eigh")
     params = {"w": torch.randn(16, 16)}
     state = dash_fn.init(params, config)
-    for t in range(1, 4):
+    for _t in range(1, 4):
         g = torch.randn(16, 16)
         g[:8, 8:] = 0  # block (0, 1) never sees a gradient
         new, state = dash_fn.step(params, {"w": g}, state, lr=0.1)
@@ -71,7 +75,7 @@ def test_step_never_produces_non_finite_values(shapes, block_size, one_dim, zero
     params = {f"p{i}": torch.randn(s) for i, s in enumerate(shapes)}
     config = dash_fn.DashConfig(block_size=block_size, solver="eigh", one_dim=one_dim)
     state = dash_fn.init(params, config)
-    for t in range(1, 4):
+    for _t in range(1, 4):
         grads = {k: torch.zeros_like(v) if zero else scale * torch.randn_like(v) for k, v in params.items()}
         params, state = dash_fn.step(params, grads, state, lr=0.01)
     assert all(torch.isfinite(v).all() for v in params.values())

@@ -22,12 +22,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import dash_fn
 from conftest import mixed_params, random_grads
 from dash_fn import DashConfig, start_vectors
-from dash_fn.roots import SOLVERS, inverse_root, refresh_roots, resolve_solver
 from dash_fn import cpu as cpu_module
-from dash_fn.roots.eigh import eigh_inverse_root
-from dash_fn.roots.identity import identity_matrix
+from dash_fn.roots import SOLVERS, inverse_root, refresh_roots, resolve_solver
 from dash_fn.roots.chebyshev import clenshaw, fit_coefficients
 from dash_fn.roots.cn import coupled_newton
+from dash_fn.roots.eigh import eigh_inverse_root
+from dash_fn.roots.identity import identity_matrix
 from dash_fn.roots.ndb import denman_beavers, ndb_root
 
 f64, f32 = torch.float64, torch.float32
@@ -210,7 +210,7 @@ def test_diagonal_blocks(solver, dtype):
 
 ZERO_BLOCK_ROOTS = {  # docs/ALGORITHM.md oracles 4, 5 (eps = 0, pim: s = 2e-6, T = 10)
     ("ndb", 2): 1.5**10 / math.sqrt(2e-6),  # 40775.34
-    ("ndb", 4): 1.5**10 * 2e-6 ** -0.25,  # 1533.40
+    ("ndb", 4): 1.5**10 * 2e-6**-0.25,  # 1533.40
     ("cn", 2): (3 / 4e-6) ** 0.5 * 1.5**10,  # 49939.4
     ("cn", 4): (5 / 4e-6) ** 0.25 * 1.25**10,  # 311.41
     ("chebyshev", 2): (1e-2 * 2e-6) ** -0.5,  # (delta s)^{-1/p}, delta = 1e-2
@@ -335,7 +335,9 @@ def test_cn_invariants_along_the_iteration(p):
     d = torch.tensor([1.0, 0.3, 1e-2, 1e-4], dtype=f64)
     m = (p + 1) / 2 * d  # z d with s = 1
     trace = []
-    coupled_newton(torch.diag(d)[None], torch.ones(1, 1, 1, dtype=f64), p, 8, trace=lambda k, Y, M: trace.append(M[0].diagonal()))
+    coupled_newton(
+        torch.diag(d)[None], torch.ones(1, 1, 1, dtype=f64), p, 8, trace=lambda k, Y, M: trace.append(M[0].diagonal())
+    )
     for got in trace:
         m = m * ((p + 1 - m) / p) ** p
         torch.testing.assert_close(got, m, rtol=1e-13, atol=0)
@@ -389,9 +391,22 @@ def test_masked_blocks_freeze_and_ignore_their_companions(solver):
     Xr = easy + 1e-10 * torch.eye(16, dtype=f64)
     s = torch.linalg.matrix_norm(Xr)[:, None, None]
     if solver == "cn":
-        coupled_newton(Xr, s, 4, 20, tol=tol, trace=lambda k, Y, M: seen.append((Y.clone(), float((M - torch.eye(16, dtype=f64)).abs().max()))))
+        coupled_newton(
+            Xr,
+            s,
+            4,
+            20,
+            tol=tol,
+            trace=lambda k, Y, M: seen.append((Y.clone(), float((M - torch.eye(16, dtype=f64)).abs().max()))),
+        )
     else:
-        denman_beavers(Xr / s, 20, "inv_sqrt", tol=tol, trace=lambda k, Y, Z: seen.append((Z.clone(), float((Z @ Y - torch.eye(16, dtype=f64)).abs().max()))))
+        denman_beavers(
+            Xr / s,
+            20,
+            "inv_sqrt",
+            tol=tol,
+            trace=lambda k, Y, Z: seen.append((Z.clone(), float((Z @ Y - torch.eye(16, dtype=f64)).abs().max()))),
+        )
     first = next(k for k, (_, r) in enumerate(seen) if r < tol)
     assert first < 15
     assert all(torch.equal(Y, seen[first][0]) for Y, _ in seen[first:])
@@ -541,7 +556,8 @@ def _compiled_matches_eager(solver, backend, **changes):
 
 
 @pytest.mark.parametrize(
-    "solver,matmul_dtype", [("eigh", "float32"), ("cn", "float32"), ("ndb", "float32"), ("chebyshev", "float32"), ("ndb", "bfloat16")]
+    "solver,matmul_dtype",
+    [("eigh", "float32"), ("cn", "float32"), ("ndb", "float32"), ("chebyshev", "float32"), ("ndb", "bfloat16")],
 )
 def test_compiles_fullgraph(solver, matmul_dtype):
     """Fixed trip counts, no host sync, no data-dependent Python branch: one graph (default
@@ -554,7 +570,9 @@ def test_compiles_fullgraph(solver, matmul_dtype):
 def test_compiles_with_inductor(solver):
     """Inductor keeps the 16-bit operand rounding (an opaque op: a fused to(bf16).to(fp32) pair
     would be elided). Short loops keep the gcc time down."""
-    _compiled_matches_eager(solver, "inductor", matmul_dtype="bfloat16", ndb_masking=True, newton_steps=3, cheb_degree=6)
+    _compiled_matches_eager(
+        solver, "inductor", matmul_dtype="bfloat16", ndb_masking=True, newton_steps=3, cheb_degree=6
+    )
 
 
 @pytest.mark.parametrize("solver", MATMUL_SOLVERS)
@@ -567,7 +585,9 @@ def test_refresh_inside_torch_cond_compiles(solver):
     V0 = start_vectors(8, config)
 
     def refresh(due, F, old):
-        return torch.cond(due, lambda F, old: refresh_roots(F, old, 4, config, V0)[0], lambda F, old: old.clone(), (F, old))
+        return torch.cond(
+            due, lambda F, old: refresh_roots(F, old, 4, config, V0)[0], lambda F, old: old.clone(), (F, old)
+        )
 
     compiled = torch.compile(refresh, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(torch.tensor(True), F, old), refresh_roots(F, old, 4, config, V0)[0])
@@ -622,7 +642,9 @@ COMBINATIONS = [
 
 
 def _finite_state(state):
-    return all(torch.isfinite(v).all() for v in state.values(include_nested=True, leaves_only=True) if v.is_floating_point())
+    return all(
+        torch.isfinite(v).all() for v in state.values(include_nested=True, leaves_only=True) if v.is_floating_point()
+    )
 
 
 @pytest.mark.filterwarnings("ignore:.*matmul_dtype")  # the 16-bit warnings have their own test
@@ -642,7 +664,9 @@ def test_step_runs_without_nan(solver, scaling, matmul_dtype):
     start = mixed_params()
     zeros = {k: torch.zeros_like(v) for k, v in start.items()}
     for eps in (0.0, 1e-10):
-        new, zero_state = dash_fn.step(start, zeros, dash_fn.init(start, config.replace(eps=eps)), lr=0.01, refresh=True)
+        new, zero_state = dash_fn.step(
+            start, zeros, dash_fn.init(start, config.replace(eps=eps)), lr=0.01, refresh=True
+        )
         assert all(torch.equal(new[k], start[k]) for k in start) and _finite_state(zero_state), eps
 
 

@@ -9,7 +9,11 @@ import dash_fn
 def words_per_entry(shape, **config):
     param = torch.empty(shape, device="meta")
     state = dash_fn.init({"w": param}, dash_fn.DashConfig(block_size=256, solver="eigh", **config))
-    nbytes = sum(v.numel() * v.element_size() for v in state.values(include_nested=True, leaves_only=True) if isinstance(v, torch.Tensor))
+    nbytes = sum(
+        v.numel() * v.element_size()
+        for v in state.values(include_nested=True, leaves_only=True)
+        if isinstance(v, torch.Tensor)
+    )
     return nbytes / param.numel() / 4
 
 

@@ -23,11 +23,22 @@ def process_group_info(process_group) -> tuple[int, int, str | None]:
     import torch.distributed as dist
 
     if not isinstance(process_group, dist.ProcessGroup):
-        raise TypeError(f"process_group must be a torch.distributed.ProcessGroup or None, got {type(process_group).__name__}")
+        raise TypeError(
+            f"process_group must be a torch.distributed.ProcessGroup or None, got {type(process_group).__name__}"
+        )
     return dist.get_rank(process_group), dist.get_world_size(process_group), process_group.group_name
 
 
 __all__ = [
-    "Shard", "FsdpShard", "make_shard", "make_fsdp_shard", "gather_directions", "owned_ranges",
-    "ownership", "rank_loads", "band_owners", "block_cost", "process_group_info",
+    "Shard",
+    "FsdpShard",
+    "make_shard",
+    "make_fsdp_shard",
+    "gather_directions",
+    "owned_ranges",
+    "ownership",
+    "rank_loads",
+    "band_owners",
+    "block_cost",
+    "process_group_info",
 ]

@@ -48,8 +48,11 @@ def param_entries(state: TensorDict) -> dict[str, dict]:
     plan, shard = state["plan"], state["shard"]
     entries: dict[str, dict] = {
         p.name: {
-            "shape": list(p.shape), "dtype": str(p.dtype).removeprefix("torch."), "batch_dims": p.batch_dims,
-            "step": state["step"], "skipped": state["skipped"],
+            "shape": list(p.shape),
+            "dtype": str(p.dtype).removeprefix("torch."),
+            "batch_dims": p.batch_dims,
+            "step": state["step"],
+            "skipped": state["skipped"],
         }
         for p in plan.params
     }
@@ -79,39 +82,66 @@ def load_param_entries(state: TensorDict, entries: Mapping, where: str = "load_s
         if not isinstance(entry, Mapping):
             raise ValueError(f"{where}: the checkpoint has no state for parameter {p.name!r}")
         if "shape" not in entry or "step" not in entry:
-            raise ValueError(f"{where}: the checkpoint's state for parameter {p.name!r} is not a dash_fn state (keys {sorted(entry)})")
+            raise ValueError(
+                f"{where}: the checkpoint's state for parameter {p.name!r} is not a dash_fn state "
+                f"(keys {sorted(entry)})"
+            )
         if list(entry["shape"]) != list(p.shape):
-            raise ValueError(f"{where}: parameter {p.name!r} has shape {p.shape} but {tuple(entry.get('shape', ()))} in the checkpoint")
+            raise ValueError(
+                f"{where}: parameter {p.name!r} has shape {p.shape} "
+                f"but {tuple(entry.get('shape', ()))} in the checkpoint"
+            )
         if entry.get("dtype") != str(p.dtype).removeprefix("torch."):
-            raise ValueError(f"{where}: parameter {p.name!r} has dtype {p.dtype} but {entry.get('dtype')} in the checkpoint")
+            raise ValueError(
+                f"{where}: parameter {p.name!r} has dtype {p.dtype} but {entry.get('dtype')} in the checkpoint"
+            )
         if entry.get("batch_dims", 0) != p.batch_dims:
-            raise ValueError(f"{where}: parameter {p.name!r} has batch_dims {p.batch_dims} but {entry.get('batch_dims', 0)} in the checkpoint")
-    steps = {p.name: _tensor(entries[p.name], "step", (), torch.int64, f"{where}: parameter {p.name!r}") for p in plan.params}
+            raise ValueError(
+                f"{where}: parameter {p.name!r} has batch_dims {p.batch_dims} "
+                f"but {entry.get('batch_dims', 0)} in the checkpoint"
+            )
+    steps = {
+        p.name: _tensor(entries[p.name], "step", (), torch.int64, f"{where}: parameter {p.name!r}") for p in plan.params
+    }
     first = plan.params[0].name
     for name, t in steps.items():
         if not torch.equal(t, steps[first]):
-            raise ValueError(f"{where}: parameter {name!r} is at step {int(t)} but {first!r} at {int(steps[first])}; one state steps them together")
+            raise ValueError(
+                f"{where}: parameter {name!r} is at step {int(t)} but {first!r} at {int(steps[first])}; "
+                "one state steps them together"
+            )
     new = state.exclude("config", "plan", "shard").clone()
     copies = [(new["step"], steps[first])]  # (destination in the new state, source), all checked before any copy
-    copies.append((new["skipped"], _tensor(entries[first], "skipped", (), torch.int64, f"{where}: parameter {first!r}")))
+    copies.append(
+        (new["skipped"], _tensor(entries[first], "skipped", (), torch.int64, f"{where}: parameter {first!r}"))
+    )
     for i, row, col, g, pos in shard.block_origins(plan):
         name = plan.params[i].name
         key = _block_key(shard, i, row, col, g)
         block = entries[name].get(key)
         if not isinstance(block, Mapping):
-            raise ValueError(f"{where}: the checkpoint lacks block {key!r} of parameter {name!r} (saved with another block_size or fsdp_blocks?)")
+            raise ValueError(
+                f"{where}: the checkpoint lacks block {key!r} of parameter {name!r} "
+                "(saved with another block_size or fsdp_blocks?)"
+            )
         for field, view in _block_views(new, local, g, pos).items():
-            copies.append((view, _tensor(block, field, tuple(view.shape), view.dtype, f"{where}: parameter {name!r} {key}")))
+            copies.append(
+                (view, _tensor(block, field, tuple(view.shape), view.dtype, f"{where}: parameter {name!r} {key}"))
+            )
     for i, p in enumerate(local.params):
         if p.kind == ADAMW and "adamw" in new.keys():
             for field in ("m", "v"):
                 view = new["adamw", field][p.flat_offset : p.flat_offset + p.numel].view(p.shape)
                 key = _vector_key(shard, i, field)
                 source = _local_rows(shard, i, plan.params[i], entries[p.name].get(key))
-                copies.append((view, _tensor({key: source}, key, tuple(view.shape), view.dtype, f"{where}: parameter {p.name!r}")))
+                copies.append(
+                    (view, _tensor({key: source}, key, tuple(view.shape), view.dtype, f"{where}: parameter {p.name!r}"))
+                )
     for view, source in copies:
         view.copy_(source)
-    return mark_static(new.set_non_tensor("config", state["config"]).set_non_tensor("plan", plan).set_non_tensor("shard", shard))
+    return mark_static(
+        new.set_non_tensor("config", state["config"]).set_non_tensor("plan", plan).set_non_tensor("shard", shard)
+    )
 
 
 def state_dict(state: TensorDict) -> dict:
@@ -138,7 +168,9 @@ def load_state_dict(state: TensorDict, saved: Mapping) -> TensorDict:
     for name in CONFIG_FIELDS:
         found = saved["config"].get(name, getattr(DashConfig(), name))
         if found != getattr(config, name):
-            raise ValueError(f"load_state_dict: config.{name} is {getattr(config, name)!r} here but {found!r} in the checkpoint")
+            raise ValueError(
+                f"load_state_dict: config.{name} is {getattr(config, name)!r} here but {found!r} in the checkpoint"
+            )
     return load_param_entries(state, saved["state"])
 
 
@@ -158,7 +190,9 @@ def _vector_key(shard, i: int, name: str) -> str:
 def _block_views(state: TensorDict, local, g: int, pos: int) -> dict[str, torch.Tensor]:
     """Views of the state of block ``pos`` of this rank's group ``g`` stack."""
     group = local.groups[g]
-    views = {name: state["groups", str(g), name][pos] for name in GROUP_FIELDS if name in state["groups", str(g)].keys()}
+    views = {
+        name: state["groups", str(g), name][pos] for name in GROUP_FIELDS if name in state["groups", str(g)].keys()
+    }
     for side, letter in ((group.left, "L"), (group.right, "R")):
         if side is not None:
             factors = state["factors", str(side.stack)]
@@ -188,7 +222,12 @@ def _local_rows(shard, i: int, whole, value):
 
     if isinstance(value, DTensor):
         return value.to_local()
-    if shard.kind == "fsdp" and shard.mode == "exact" and isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(whole.shape):
+    if (
+        shard.kind == "fsdp"
+        and shard.mode == "exact"
+        and isinstance(value, torch.Tensor)
+        and tuple(value.shape) == tuple(whole.shape)
+    ):
         lo, hi = shard.rows[i][shard.rank]
         return value.reshape(whole.view)[lo:hi].reshape(shard.local.params[i].shape)
     return value
@@ -197,7 +236,11 @@ def _local_rows(shard, i: int, whole, value):
 def _tensor(entry: Mapping, key: str, shape: tuple, dtype: torch.dtype, where: str) -> torch.Tensor:
     x = entry.get(key)
     if not isinstance(x, torch.Tensor):
-        raise ValueError(f"{where}: lacks tensor {key!r}" if x is None else f"{where}: {key!r} is a {type(x).__name__}, not a tensor")
+        raise ValueError(
+            f"{where}: lacks tensor {key!r}" if x is None else f"{where}: {key!r} is a {type(x).__name__}, not a tensor"
+        )
     if tuple(x.shape) != shape or x.dtype != dtype:
-        raise ValueError(f"{where}: {key!r} has shape {tuple(x.shape)} and dtype {x.dtype}, expected {shape} and {dtype}")
+        raise ValueError(
+            f"{where}: {key!r} has shape {tuple(x.shape)} and dtype {x.dtype}, expected {shape} and {dtype}"
+        )
     return x

@@ -24,12 +24,26 @@ AdamW vectors are elementwise: each rank updates its own rows, whatever the mode
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any
 
 import torch
 
-from ..plan import ADAMW, EMPTY, SEGMENTS, ParamPlan, Plan, Region, gather, lay_out_factors, make_plan, matrix_view, scatter_param, stack_sizes
+from ..plan import (
+    ADAMW,
+    EMPTY,
+    SEGMENTS,
+    ParamPlan,
+    Plan,
+    Region,
+    gather,
+    lay_out_factors,
+    make_plan,
+    matrix_view,
+    scatter_param,
+    stack_sizes,
+)
 from .gather import all_ranks
 from .ownership import band_owners, block_cost
 
@@ -74,7 +88,13 @@ class FsdpShard:
             for r in p.regions:
                 for k in range(r.count):
                     a, b = divmod(k, r.n_cols)
-                    yield i, start + r.row_start + a * r.block_rows, r.col_start + b * r.block_cols, r.group, r.offset + k
+                    yield (
+                        i,
+                        start + r.row_start + a * r.block_rows,
+                        r.col_start + b * r.block_cols,
+                        r.group,
+                        r.offset + k,
+                    )
 
     def gradient_blocks(self, plan: Plan, grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """This rank's owned gradient blocks, its shards' rows joined by the straddling rows
@@ -85,7 +105,9 @@ class FsdpShard:
         owned_rows = self._move(local_rows, self.rows, self.owned_rows, plan.dtype, None)
         return gather(dataclasses.replace(self.local, params=self.owned), owned_rows, plan.dtype)
 
-    def parameter_updates(self, plan: Plan, directions: Sequence[torch.Tensor], comm_dtype) -> list[torch.Tensor | None]:
+    def parameter_updates(
+        self, plan: Plan, directions: Sequence[torch.Tensor], comm_dtype
+    ) -> list[torch.Tensor | None]:
         """Each block parameter's direction on this rank's shard rows (the owners send the
         straddling rows back: one all-to-all); None for AdamW and empty parameters."""
         dtype = plan.dtype
@@ -114,7 +136,7 @@ class FsdpShard:
                 received += max(b - a, 0) * x.shape[1]
             send_sizes.append(sent)
             recv_sizes.append(received)
-        pieces_from: list[list[torch.Tensor]] = [[] for _ in range(world)]
+        pieces_from: list[Any] = [[] for _ in range(world)]  # per rank: the tensor received from it, once exchanged
         if self.exchanges:
             import torch.distributed._functional_collectives as collectives
 
@@ -122,7 +144,10 @@ class FsdpShard:
             buffer = torch.cat(send) if send else torch.zeros(0, dtype=dtype, device=device)
             if comm_dtype is not None:
                 buffer = buffer.to(comm_dtype)
-            recv = collectives.wait_tensor(collectives.all_to_all_single(buffer, recv_sizes, send_sizes, self.group_name)).to(dtype)
+            recv = collectives.wait_tensor(
+                # the group name: torch types it as GroupName, a NewType of str; set whenever W > 1
+                collectives.all_to_all_single(buffer, recv_sizes, send_sizes, self.group_name)  # type: ignore[arg-type]
+            ).to(dtype)
             pieces_from = list(torch.split(recv, recv_sizes))
         cursor = [0] * world
         out = []
@@ -168,7 +193,9 @@ def local_shape(shape: Sequence[int], world_size: int, rank: int) -> tuple[int, 
     return (hi - lo, *shape[1:])
 
 
-def make_fsdp_shard(plan: Plan, rank: int, world_size: int, group_name: str | None, mode: str, one_dim: str) -> FsdpShard:
+def make_fsdp_shard(
+    plan: Plan, rank: int, world_size: int, group_name: str | None, mode: str, one_dim: str
+) -> FsdpShard:
     """Rank ``rank``'s part of ``plan`` when every parameter is ``Shard(0)`` over W ranks."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank!r}")
@@ -183,8 +210,12 @@ def make_fsdp_shard(plan: Plan, rank: int, world_size: int, group_name: str | No
     groups = lay_out_factors([(g.rows, g.cols, g.one_sided, n) for g, n in zip(plan.groups, counts)])
     params = _local_params(plan, rows, rank, world_size)
     adamw_numel = sum(p.numel for p in params if p.kind == ADAMW)
-    local = dataclasses.replace(plan, params=params, groups=groups, factors=stack_sizes(groups), adamw_numel=adamw_numel)
-    return FsdpShard(rank, world_size, group_name, mode, local, owned, rows, owned_rows, moved_elements(plan, rows, owned_rows) > 0)
+    local = dataclasses.replace(
+        plan, params=params, groups=groups, factors=stack_sizes(groups), adamw_numel=adamw_numel
+    )
+    return FsdpShard(
+        rank, world_size, group_name, mode, local, owned, rows, owned_rows, moved_elements(plan, rows, owned_rows) > 0
+    )
 
 
 def moved_elements(plan: Plan, rows, owned_rows) -> int:
@@ -242,7 +273,11 @@ def _owned_regions(plan: Plan, owned_rows, rank: int) -> tuple[tuple[ParamPlan, 
             last = min(r.n_rows, (z - r.row_start) // r.block_rows)
             if first < last:
                 n = (last - first) * r.n_cols
-                regions.append(dataclasses.replace(r, row_start=r.row_start + first * r.block_rows - a, n_rows=last - first, offset=counts[r.group]))
+                regions.append(
+                    dataclasses.replace(
+                        r, row_start=r.row_start + first * r.block_rows - a, n_rows=last - first, offset=counts[r.group]
+                    )
+                )
                 counts[r.group] += n
         owned.append(dataclasses.replace(p, view=(z - a, p.view[1]), regions=tuple(regions)))
     return tuple(owned), counts
@@ -254,7 +289,11 @@ def _local_params(plan: Plan, rows, rank: int, world_size: int) -> tuple[ParamPl
     params, flat = [], 0
     for p, rs in zip(plan.params, rows):
         lo, hi = rs[rank]
-        params.append(dataclasses.replace(p, shape=local_shape(p.shape, world_size, rank), view=(hi - lo, p.view[1]), flat_offset=flat))
+        params.append(
+            dataclasses.replace(
+                p, shape=local_shape(p.shape, world_size, rank), view=(hi - lo, p.view[1]), flat_offset=flat
+            )
+        )
         if p.kind == ADAMW:
             flat += (hi - lo) * p.view[1]
     return tuple(params)
@@ -292,14 +331,21 @@ def check_dtensors(names: Sequence[str], tensors: Sequence[torch.Tensor]):
             f"params mixes DTensors ({sharded!r}) and plain tensors ({plain!r}); dash_fn takes either all parameters "
             "sharded by fully_shard (FSDP2) or all plain (one process, or DDP with process_group=)"
         )
-    mesh = tensors[0].device_mesh
+    dtensors = [x for x in tensors if isinstance(x, DTensor)]  # all of them, typed as DTensors
+    mesh = dtensors[0].device_mesh
     supported = "FSDP2's (Shard(0),) on a 1-D mesh or (Replicate(), Shard(0)) on a 2-D HSDP mesh"
     if mesh.ndim > 2:
-        raise TypeError(f"params[{names[0]!r}] lives on a {mesh.ndim}-D DeviceMesh; dash_fn supports {supported} (no tensor or context parallelism)")
+        raise TypeError(
+            f"params[{names[0]!r}] lives on a {mesh.ndim}-D DeviceMesh; "
+            f"dash_fn supports {supported} (no tensor or context parallelism)"
+        )
     expected = (Shard(0),) if mesh.ndim == 1 else (Replicate(), Shard(0))
-    for name, x in zip(names, tensors):
+    for name, x in zip(names, dtensors):
         if x.device_mesh != mesh:
-            raise TypeError(f"params[{name!r}] is on another DeviceMesh than params[{names[0]!r}]; dash_fn needs one mesh for all parameters")
+            raise TypeError(
+                f"params[{name!r}] is on another DeviceMesh than params[{names[0]!r}]; "
+                "dash_fn needs one mesh for all parameters"
+            )
         if tuple(x.placements) != expected:
             raise TypeError(
                 f"params[{name!r}] has placements {tuple(x.placements)}; dash_fn supports {supported}, "
@@ -323,4 +369,11 @@ def like(reference: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
 
     if not isinstance(reference, DTensor):
         return local
-    return DTensor.from_local(local, reference.device_mesh, reference.placements, run_check=False, shape=reference.shape, stride=reference.stride())
+    return DTensor.from_local(
+        local,
+        reference.device_mesh,
+        reference.placements,
+        run_check=False,
+        shape=reference.shape,
+        stride=reference.stride(),
+    )

@@ -18,8 +18,8 @@ start vectors are the same on every rank, and float32 directions travel exactly 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -80,7 +80,9 @@ class Shard:
             return stacks
         return [x[slice(*self.bounds(g))] for g, x in enumerate(stacks)]
 
-    def parameter_updates(self, plan: Plan, directions: Sequence[torch.Tensor], comm_dtype) -> list[torch.Tensor | None]:
+    def parameter_updates(
+        self, plan: Plan, directions: Sequence[torch.Tensor], comm_dtype
+    ) -> list[torch.Tensor | None]:
         """Every block parameter's full direction (all-gathered); None for the others."""
         full = gather_directions(self, directions, comm_dtype)
         return [scatter_param(p, full).reshape(p.shape) if p.regions else None for p in plan.params]
@@ -108,11 +110,15 @@ def all_ranks(flag: torch.Tensor, world_size: int, group_name: str | None) -> to
         return flag
     import torch.distributed._functional_collectives as collectives
 
-    votes = collectives.wait_tensor(collectives.all_reduce(flag.to(torch.int32).reshape(1), "min", group_name))
+    # the group name: torch types it as GroupName, a NewType of str; set whenever W > 1
+    vote = collectives.all_reduce(flag.to(torch.int32).reshape(1), "min", group_name)  # type: ignore[arg-type]
+    votes = collectives.wait_tensor(vote)
     return votes[0] > 0
 
 
-def gather_directions(shard: Shard, directions: Sequence[torch.Tensor], comm_dtype: torch.dtype | None) -> list[torch.Tensor]:
+def gather_directions(
+    shard: Shard, directions: Sequence[torch.Tensor], comm_dtype: torch.dtype | None
+) -> list[torch.Tensor]:
     """Every group's full stack of directions from every rank's owned slices: one all-gather.
 
     Each rank's slices are padded to the largest count of their group and packed into one flat
@@ -132,7 +138,12 @@ def gather_directions(shard: Shard, directions: Sequence[torch.Tensor], comm_dty
     buffer = torch.cat(packed) if len(packed) > 1 else packed[0]
     if comm_dtype is not None:
         buffer = buffer.to(comm_dtype)
-    gathered = collectives.wait_tensor(collectives.all_gather_single(buffer, 0, shard.group_name)).view(shard.world_size, -1).to(dtype)
+    gathered = (
+        # the group name: torch types it as GroupName, a NewType of str; set whenever W > 1
+        collectives.wait_tensor(collectives.all_gather_single(buffer, 0, shard.group_name))  # type: ignore[arg-type]
+        .view(shard.world_size, -1)
+        .to(dtype)
+    )
     full, start = [], 0
     for P, width, n in zip(directions, widths, shard.counts):
         size = width * P.shape[1] * P.shape[2]

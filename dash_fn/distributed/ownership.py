@@ -13,7 +13,7 @@ refreshes (``r^3 + c^3`` two-sided, ``r^3`` one-sided).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..plan import Plan
 

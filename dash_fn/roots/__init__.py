@@ -11,7 +11,7 @@ strategies run it as an op of their own (:mod:`dash_fn.cpu`).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -66,7 +66,9 @@ def start_vectors(size: int, config: DashConfig, dtype: torch.dtype = torch.floa
     return V.to(dtype=dtype, device=device)
 
 
-def inverse_root(stack: torch.Tensor, p: int, config: DashConfig = DashConfig(), start: torch.Tensor | None = None) -> torch.Tensor:
+def inverse_root(
+    stack: torch.Tensor, p: int, config: DashConfig = DashConfig(), start: torch.Tensor | None = None
+) -> torch.Tensor:
     """``X^{-1/p}`` for every block of a (K, b, b) stack of symmetric PSD matrices.
 
     Uses ``config.solver`` with its settings (``auto`` picks by the stack's device). ``start``
@@ -101,7 +103,12 @@ def chunk_blocks(count: int, block_bytes: int, solver: str) -> int:
 
 
 def refresh_roots(
-    factors: torch.Tensor, roots: torch.Tensor, p: int, config: DashConfig, start: torch.Tensor | None, strategy: Strategy | None = None
+    factors: torch.Tensor,
+    roots: torch.Tensor,
+    p: int,
+    config: DashConfig,
+    start: torch.Tensor | None,
+    strategy: Strategy | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """New roots for a factor stack, keeping a block's old root where its refresh fails.
 
@@ -130,14 +137,25 @@ def refresh_roots(
     out = torch.empty_like(roots)
     fell_back = []
     for a in range(0, count, chunk):
-        new, failed = _refresh_chunk(factors[a : a + chunk], roots[a : a + chunk], finite_factor[a : a + chunk], p, config, start, solver, strategy)
+        new, failed = _refresh_chunk(
+            factors[a : a + chunk],
+            roots[a : a + chunk],
+            finite_factor[a : a + chunk],
+            p,
+            config,
+            start,
+            solver,
+            strategy,
+        )
         out[a : a + chunk] = new
         fell_back.append(failed)
         del new  # before the next chunk's temporaries
     return out, torch.cat(fell_back)
 
 
-def _refresh_chunk(factors, roots, finite_factor, p: int, config: DashConfig, start, solver: str, strategy: Strategy) -> tuple[torch.Tensor, torch.Tensor]:
+def _refresh_chunk(
+    factors, roots, finite_factor, p: int, config: DashConfig, start, solver: str, strategy: Strategy
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One chunk's roots: non-finite factors solved as I, failed blocks keeping their old root
     (with host reads, the substitution and selection passes only where a flag is false)."""
     if strategy.host_reads and cpu.all_true(finite_factor):

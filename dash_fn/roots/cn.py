@@ -25,7 +25,7 @@ block's result does not depend on its stack companions); a block whose residual 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -72,6 +72,7 @@ def coupled_newton(
     M = z * Xr
     active = torch.ones_like(s, dtype=torch.bool) if tol is not None else None
     diverged = torch.zeros_like(s, dtype=torch.bool)
+    Y = Xr  # a placeholder, never read: the first iteration sets Y_1 (steps >= 1)
     for k in range(1, steps + 1):
         C = ((p + 1) * identity - M) / p
         # Y_0 = z^{1/p} I, so Y_1 = Y_0 C needs no product (and every block is active)
@@ -81,7 +82,7 @@ def coupled_newton(
         M = select(active, _power_times(C, p, M, product), M)
         r = residual(M)
         diverged = diverged | diverging(r)
-        if active is not None:
+        if active is not None and tol is not None:  # both set or both None
             active = active & (r >= tol)
         if trace is not None:
             trace(k, Y, M)

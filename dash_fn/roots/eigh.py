@@ -25,12 +25,15 @@ def eigh_inverse_root(X: torch.Tensor, p: int, *, eps: float, heuristic: str) ->
     one sync per call on a GPU.
     """
     b = X.shape[-1]
-    out = spectral_root(*torch.linalg.eigh(pad_aligned(shifted(X, eps))), p, eps, heuristic)
+    mu, Q = torch.linalg.eigh(pad_aligned(shifted(X, eps)))
+    out = spectral_root(mu, Q, p, eps, heuristic)
     # X's root is the top-left corner
     return out[..., :b, :b].contiguous()
 
 
-def spectral_root(mu: torch.Tensor, Q: torch.Tensor, p: int, eps: float, heuristic: str, out: torch.Tensor | None = None) -> torch.Tensor:
+def spectral_root(
+    mu: torch.Tensor, Q: torch.Tensor, p: int, eps: float, heuristic: str, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """``Q diag(d^{-1/p}) Q^T`` from eigenpairs ``mu, Q`` of ``X + eps I``, d by the heuristic
     (written into ``out`` when given)."""
     lam = mu - eps

@@ -28,7 +28,7 @@ NaN, the failure flag.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -68,7 +68,7 @@ def denman_beavers(
         E = 1.5 * identity - 0.5 * ZY
         r = residual(ZY)
         diverged = diverged | diverging(r)
-        if active is not None:
+        if active is not None and tol is not None:  # both set or both None
             active = active & (r >= tol)
         last = k == steps
         if not last or root == "sqrt":

@@ -547,6 +547,8 @@ def test_per_parameter_state_is_as_the_readme_says():
 def test_thin_weight_state_is_the_readme_closed_form():
     """README, Defaults: a (m, n) weight with n < b holds 2 + 2b/n + 2n/b floats per entry."""
     b, n = 32, 8
-    state = dash_fn.init({"w": torch.zeros(4 * b, n)}, dash_fn.DashConfig(block_size=b, solver="eigh"))  # no start vectors
+    state = dash_fn.init(
+        {"w": torch.zeros(4 * b, n)}, dash_fn.DashConfig(block_size=b, solver="eigh")
+    )  # no start vectors
     floats = sum(x.numel() for x in tensors(state).values() if x.is_floating_point())  # not the fallback counts
     assert floats / (4 * b * n) == 2 + 2 * b / n + 2 * n / b

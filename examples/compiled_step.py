@@ -75,7 +75,11 @@ def _main(argv: list[str] | None = None) -> None:
         description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     parser.add_argument("--steps", type=int, default=40, help="training steps")
-    parser.add_argument("--solver", default="auto", help="root solver (auto: eigh on the CPU, NDB on a GPU, where eigh cannot run under CUDA graphs)")
+    parser.add_argument(
+        "--solver",
+        default="auto",
+        help="root solver (auto: eigh on the CPU, NDB on a GPU: eigh cannot run under CUDA graphs)",
+    )
     parser.add_argument("--block-size", type=int, default=128, help="DASH block size")
     parser.add_argument("--inv-root-freq", type=int, default=5, help="steps between inverse-root refreshes")
     parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (warm-up, then cosine decay)")

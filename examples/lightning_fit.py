@@ -101,7 +101,13 @@ def fit(name: str, lr: float, epochs: int, out: str, ckpt_path: str | None = Non
         gradient_clip_val=1.0,
         deterministic=True,
     )
-    trainer.fit(module, loader(train_bytes, seed), ckpt_path=ckpt_path)
+    # deterministic=True sets torch's process-wide deterministic-algorithms flag and leaves it
+    # set; restore it for in-process callers (the tests, a notebook)
+    previous = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        trainer.fit(module, loader(train_bytes, seed), ckpt_path=ckpt_path)
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
     return module
 
 

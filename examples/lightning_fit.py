@@ -90,6 +90,9 @@ def fit(name: str, lr: float, epochs: int, out: str, ckpt_path: str | None = Non
     checkpoints = lightning.pytorch.callbacks.ModelCheckpoint(
         dirpath=out, filename="{epoch}", save_top_k=-1, every_n_epochs=1
     )
+    # deterministic=True sets torch's process-wide deterministic-algorithms flag and leaves it
+    # set; restore it for in-process callers (the tests, a notebook)
+    previous = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     trainer = lightning.Trainer(
         max_epochs=epochs,
         accelerator="cpu",
@@ -101,9 +104,6 @@ def fit(name: str, lr: float, epochs: int, out: str, ckpt_path: str | None = Non
         gradient_clip_val=1.0,
         deterministic=True,
     )
-    # deterministic=True sets torch's process-wide deterministic-algorithms flag and leaves it
-    # set; restore it for in-process callers (the tests, a notebook)
-    previous = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     try:
         trainer.fit(module, loader(train_bytes, seed), ckpt_path=ckpt_path)
     finally:

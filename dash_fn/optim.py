@@ -35,7 +35,7 @@ from .distributed import process_group_info
 from .distributed.dcp import load_param_entries, param_entries
 from .plan import ADAMW
 from .roots import resolve_solver
-from .state import init, mark_static
+from .state import init
 from .step import is_refresh_step
 from .step import step as functional_step
 from .strategy import for_device
@@ -197,7 +197,6 @@ class DASH(torch.optim.Optimizer):
                 if isinstance(lr, torch.Tensor)
                 else torch.full((), lr, dtype=torch.float64, device=state["step"].device)
             )
-            mark_static(state)
             # the parameters themselves, which Dynamo takes as static addresses (their detached
             # views are new tensors every step)
             state = self._compiled(refresh, where)(dict(zip(names, params)), _grads_of(names, params), state, lr)

@@ -10,9 +10,10 @@ dicts and tensors, so ``torch.load(weights_only=True)`` reads it::
      "shard": {"rank": r, "world_size": W},         # only for one rank's share (W > 1)
      "checksum": int}                               # files only: CRC-32 of all the above
 
-The power-iteration start vectors are not stored: they are fixed data, a pure function of the
-config and the factor sizes (:func:`dash_fn.roots.start_vectors`), regenerated on load for the
-target device (whose solver, under ``solver="auto"``, decides whether they are needed).
+The power-iteration start vectors and the staggered schedule's tables are not stored: they are
+fixed data, pure functions of the config and the plan (:func:`dash_fn.state.constants`),
+regenerated on load for the target device (whose solver, under ``solver="auto"``, decides
+whether start vectors are needed).
 
 Loading checks everything before it builds anything (format, version, checksum, config,
 parameters, and every tensor's key, shape and dtype against the layout ``init`` would make),
@@ -38,13 +39,12 @@ from tensordict import TensorDict
 from .config import DashConfig
 from .distributed import process_group_info
 from .inputs import flatten
-from .roots import resolve_solver, start_vectors, uses_start_vectors
-from .state import make_state, mark_static
+from .roots import resolve_solver
+from .state import CONSTANTS, constants, make_state, mark_static
 
 FORMAT = "dash_fn.state"
 VERSION = 2
 READABLE = (1, 2)
-CONSTANTS = ("start_vectors",)  # state entries derived from the config, never stored
 Placement = tuple[int, int, "str | None"]  # (rank, world size, process group name)
 CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(DashConfig))
 
@@ -125,13 +125,9 @@ def _state_from_dict(blob, device, params, config, copy: bool, where: str, place
         _check_config(saved_config, config, where)
     template = _template(saved_params, saved_config, device, placement, batch_dims)
     tensors = _check_tensors(_upgrade_version_1(blob, template), template, where)
-    state = TensorDict({}, batch_size=[], device=device)
-    for key, spec in template.items(include_nested=True, leaves_only=True):
-        if key[0] in CONSTANTS:  # ("start_vectors", size)
-            value = start_vectors(int(key[1]), saved_config, spec.dtype, device)
-        else:
-            value = tensors[_join(key)].to(device, copy=copy)
-        state.set(key, value)
+    state = TensorDict(constants(template["plan"], template["shard"], saved_config, device), batch_size=[], device=device)
+    for key, _ in template.exclude(*CONSTANTS).items(include_nested=True, leaves_only=True):
+        state.set(key, tensors[_join(key)].to(device, copy=copy))
     state = (
         state.set_non_tensor("config", saved_config)
         .set_non_tensor("plan", template["plan"])
@@ -142,13 +138,10 @@ def _state_from_dict(blob, device, params, config, copy: bool, where: str, place
 
 def with_config(state: TensorDict, config: DashConfig, where: str = "state") -> TensorDict:
     """The state under another config of the same layout: same tensors (not copies), the new
-    config, start vectors made for it. Raises if ``config`` changes the layout."""
+    config, start vectors and schedule tables made for it. Raises if ``config`` changes the layout."""
     check_layout(state["config"], config, where, found_in="the state")
-    device = state["step"].device
     new = state.exclude("config", *CONSTANTS)
-    if uses_start_vectors(config, resolve_solver(config, device)):
-        sizes = sorted({stack.size for stack in state["shard"].local.factors})
-        new["start_vectors"] = {str(b): start_vectors(b, config, state["plan"].dtype, device) for b in sizes}
+    new.update(constants(state["plan"], state["shard"], config, state["step"].device))
     return mark_static(new.set_non_tensor("config", config))
 
 

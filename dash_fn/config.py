@@ -15,6 +15,7 @@ SCALINGS = ("fro", "pi", "pim")
 EIGH_HEURISTICS = ("shampoo", "abs", "abs_add", "relu")
 GRAFTINGS = ("adam", "adagrad")
 ONE_DIM = ("adamw", "shampoo")
+REFRESH_SCHEDULES = ("periodic", "staggered")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -41,6 +42,11 @@ class DashConfig:
         ``newton_steps`` = 10, int >= 1: iterations of CN and of each NDB call.
         ``inv_root_freq`` = 10, int >= 1: roots refreshed at step start_prec_step and every
             inv_root_freq-th step after it (4 d).
+        ``refresh_schedule`` = "periodic": "periodic" refreshes every root at those steps (a
+            refresh step costs several plain ones; two programs picked on the host) or
+            "staggered" refreshes 1/inv_root_freq of every factor stack on every step (each
+            root as stale at most, every step the same program: one graph) (4 d,
+            :mod:`dash_fn.schedule`).
         ``start_prec_step`` = 1, int >= 1 or math.inf: steps before it are Adam; math.inf
             never preconditions.
         ``eps`` = 1e-10, >= 0: eigh, CN and NDB invert ``X + eps I``.
@@ -110,6 +116,7 @@ class DashConfig:
     scaling: str = "pim"
     newton_steps: int = 10
     inv_root_freq: int = 10
+    refresh_schedule: str = "periodic"
     start_prec_step: float = 1  # an int >= 1, or math.inf for "never precondition"
     eps: float = 1e-10
     eigh_heuristic: str = "shampoo"
@@ -156,6 +163,7 @@ class DashConfig:
         if not (s == math.inf or (_is_int(s) and s >= 1)):
             raise ValueError(f"DashConfig.start_prec_step must be an integer >= 1 or math.inf, got {s!r}")
         _check_choice(self, "solver", SOLVERS)
+        _check_choice(self, "refresh_schedule", REFRESH_SCHEDULES)
         _check_choice(self, "scaling", SCALINGS)
         _check_choice(self, "eigh_heuristic", EIGH_HEURISTICS)
         _check_choice(self, "grafting", GRAFTINGS)

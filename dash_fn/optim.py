@@ -11,7 +11,7 @@ The state of a group lives in ``optimizer.state[first parameter of the group]`` 
 ``{"dash": TensorDict, "step": int}``; ``step`` counts the group's steps on the host, skipped
 or not (the state's ``step + skipped``), and picks each step's refresh flag
 (:func:`dash_fn.is_refresh_step`), so eager and compiled steps on every device follow one
-schedule with no device read. A step skipped for non-finite gradients does not advance the
+schedule with no device read (the staggered schedule takes no flag: one compiled graph). A step skipped for non-finite gradients does not advance the
 state's own counter (its bias corrections), and on a refresh step it still refreshes the roots,
 from the factors it left unchanged (:mod:`dash_fn.guard`).
 """
@@ -66,7 +66,7 @@ class DASH(torch.optim.Optimizer):
     ``torch.compile(dash_fn.step, fullgraph=True)``, built once per optimizer, with ``lr``
     passed as a 0-d tensor, so schedulers never recompile. Each group has two graphs, a plain
     step and a refresh step, picked on the host (``refresh=`` of :func:`dash_fn.step`), with no
-    data-dependent control flow; the parameters and the state's tensors, which the step updates
+    data-dependent control flow, or one under ``refresh_schedule="staggered"``; the parameters and the state's tensors, which the step updates
     in place, are static addresses, so ``compile={"mode": "reduce-overhead"}`` captures each
     step in a CUDA graph (with a matmul solver: eigh syncs, and is refused there). (Dynamo caches
     graphs, and counts its ``recompile_limit``, per code object: each group and kind of step
@@ -211,9 +211,9 @@ class DASH(torch.optim.Optimizer):
             for g in self.param_groups
         ]
 
-    def _compiled(self, refresh: bool, group: str = ""):
-        """The compiled step that refreshes the roots (True) or does not (False), for one param
-        group (``group`` names it)."""
+    def _compiled(self, refresh: bool | None, group: str = ""):
+        """The compiled step that refreshes the roots (True) or does not (False), or the
+        staggered schedule's one step (None), for one param group (``group`` names it)."""
         if (refresh, group) not in self._compiled_steps:
             # dynamic=False: Dynamo caches graphs per function, so a second optimizer (another
             # model) would otherwise turn the plan's ints symbolic, which the step cannot trace
@@ -371,7 +371,11 @@ def _refresh_step_into(values: dict, grads: dict, state, lr):
     return _step_into(values, grads, state, lr, True)
 
 
-_STEPS_INTO = {False: _plain_step_into, True: _refresh_step_into}
+def _staggered_step_into(values: dict, grads: dict, state, lr):
+    return _step_into(values, grads, state, lr, None)
+
+
+_STEPS_INTO = {False: _plain_step_into, True: _refresh_step_into, None: _staggered_step_into}
 
 
 def _check_cuda_graph_solver(options, config: DashConfig, device: torch.device, where: str) -> None:

@@ -16,6 +16,7 @@ from .distributed.fsdp import check_dtensors, local_shape
 from .inputs import check_params, flatten
 from .plan import Plan, make_plan
 from .roots import resolve_solver, start_vectors, uses_start_vectors
+from .schedule import SCHEDULE_KEY, stagger_tables, staggers
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
@@ -55,6 +56,7 @@ def init(
         factors/<k>/F, Fbar       per factor stack (K, b, b): factors and their inverse roots
         factors/<k>/fallbacks     int64 (K,), per factor: refreshes that failed and kept the old root
         start_vectors/<b>         (b, k) power-iteration start vectors, when the solver scales by PI
+        schedule/<k>/phase, slices  int64 (K,), (f, m): the staggered schedule's tables (dash_fn.schedule)
         adamw/m, v                flat moments of the vectors under AdamW
         config, plan, shard       non-tensor data: the DashConfig, the blocking plan of all
                                   params, and this rank's share of its blocks (everything at W = 1)
@@ -112,7 +114,8 @@ def make_state(
         shard = make_fsdp_shard(plan, rank, world_size, group_name, config.fsdp_blocks, config.one_dim)
     else:
         shard = make_shard(plan, rank, world_size, group_name)
-    state = TensorDict(_layout(shard.local, config, device), batch_size=[], device=device)
+    layout = {**_layout(shard.local, config, device), **constants(plan, shard, config, device)}
+    state = TensorDict(layout, batch_size=[], device=device)
     return mark_static(
         state.set_non_tensor("config", config).set_non_tensor("plan", plan).set_non_tensor("shard", shard)
     )
@@ -189,12 +192,26 @@ def _layout(plan: Plan, config: DashConfig, device: torch.device) -> dict:
         "groups": groups,
         "factors": factors,
     }
-    if uses_start_vectors(config, resolve_solver(config, device)):
-        sizes = sorted({stack.size for stack in plan.factors})
-        layout["start_vectors"] = {str(b): start_vectors(b, config, plan.dtype, device) for b in sizes}
     if plan.adamw_numel:
         layout["adamw"] = {"m": zeros(plan.adamw_numel), "v": zeros(plan.adamw_numel)}
     return layout
+
+
+CONSTANTS = ("start_vectors", SCHEDULE_KEY)  # state entries derived from config and plan, never stored
+
+
+def constants(plan: Plan, shard, config: DashConfig, device: torch.device) -> dict:
+    """The state's constant entries (:data:`CONSTANTS`) for a rank's ``shard`` of ``plan``:
+    power-iteration start vectors when the solver scales by PI, and the staggered schedule's
+    tables. Made by ``init`` and again on every load, for the target's config and device."""
+    local = shard.local
+    found = {}
+    if uses_start_vectors(config, resolve_solver(config, device)):
+        sizes = sorted({stack.size for stack in local.factors})
+        found["start_vectors"] = {str(b): start_vectors(b, config, local.dtype, device) for b in sizes}
+    if staggers(config):
+        found[SCHEDULE_KEY] = stagger_tables(plan, shard, config.inv_root_freq, device)
+    return found
 
 
 def _warn_about_mixed_precision(specs) -> None:

@@ -18,17 +18,10 @@ from .inputs import check_step_inputs, flatten, order_like_plan, rebuild
 from .plan import ADAMW, EMPTY, SEGMENTS, Plan
 from .roots import refresh_roots
 from .roots.matmul import stacked_matmul
+from .schedule import SCHEDULE_KEY, due_slice, has_root, is_refresh_step, staggers
 from .strategy import Strategy, for_device
 
-
-def is_refresh_step(config: DashConfig, t: int) -> bool:
-    """Whether step number ``t`` (the first step is 1) refreshes the roots.
-
-    ``refresh(t) = t == s or (t > s and t % inv_root_freq == 0)`` with s = start_prec_step.
-    A caller that passes ``refresh=`` to :func:`step` should pass ``is_refresh_step(config, t)``.
-    """
-    s = config.start_prec_step
-    return t == s or (t > s and t % config.inv_root_freq == 0)
+__all__ = ["step", "is_refresh_step"]
 
 
 def step(params, grads, state: TensorDict, *, lr, refresh: bool | None = None):
@@ -38,13 +31,16 @@ def step(params, grads, state: TensorDict, *, lr, refresh: bool | None = None):
     dtypes and device the state was initialized with; ``new_params`` comes back in the same
     kind of container. ``lr`` is a float or a 0-d tensor (a tensor never recompiles).
 
-    ``refresh`` says whether this step recomputes the inverse roots: pass
-    :func:`is_refresh_step` of the step's number, counted on the host (two compiled graphs, a
-    plain step and a refresh step, with no data-dependent control flow: what CUDA graphs
-    capture). ``refresh=None`` reads the state's step counter on the host, which only eager
-    CPU calls may do (a sync elsewhere; a compiled step would break its graph): elsewhere it
-    raises ValueError. A step skipped by the non-finite guard still refreshes when
-    ``refresh=True``, from the factors it left unchanged (:mod:`dash_fn.guard`).
+    ``refresh`` says whether this step recomputes the inverse roots under the periodic
+    schedule: pass :func:`is_refresh_step` of the step's number, counted on the host (two
+    compiled graphs, a plain step and a refresh step, with no data-dependent control flow: what
+    CUDA graphs capture). ``refresh=None`` reads the state's step counter on the host, which
+    only eager CPU calls may do (a sync elsewhere; a compiled step would break its graph):
+    elsewhere it raises ValueError. A step skipped by the non-finite guard still refreshes when
+    ``refresh=True``, from the factors it left unchanged (:mod:`dash_fn.guard`). Under
+    ``refresh_schedule="staggered"`` every step refreshes its slice of the roots
+    (:mod:`dash_fn.schedule`) and takes no flag: ``refresh`` must be None (as
+    :func:`is_refresh_step` returns), on every device.
 
     Buffer donation: the input params are never modified, but the state's tensors are updated
     in place and the same TensorDict is returned (like JAX's donated buffers), so memory holds
@@ -68,7 +64,12 @@ def step(params, grads, state: TensorDict, *, lr, refresh: bool | None = None):
     ordered_grads = order_like_plan(plan, grad_names, [to_local(x) for x in grad_list], "grads")
     check_step_inputs(shard.local, state, ordered_params, ordered_grads, lr, refresh)
     strategy = for_device(state["step"].device)
-    if refresh is None and not strategy.host_reads:
+    if config.refresh_schedule == "staggered" and refresh is not None:
+        raise ValueError(
+            f"step: refresh={refresh!r}, but the staggered schedule refreshes a slice of the roots on every step and "
+            "takes no flag; pass refresh=None (dash_fn.is_refresh_step returns None for it)"
+        )
+    if refresh is None and not strategy.host_reads and config.refresh_schedule == "periodic":
         raise ValueError(
             f"step: refresh=None reads the step counter on the host, which the {strategy.name} strategy does not do "
             "(a device sync, or a break in a compiled graph); pass refresh=dash_fn.is_refresh_step(config, t) with the "
@@ -114,7 +115,9 @@ def _apply(
     state["step"].copy_(guard.choose(ok, t, state["step"]))
     corrections = _bias_corrections(config, local, t)
     _factor_emas(local, config, state, products, ok)
-    if s != math.inf and refresh is not False:
+    if staggers(config):
+        _refresh_slices(strategy, local, config, state, t, ok)
+    elif s != math.inf and refresh is not False:
         _refresh(strategy, local, config, state, t, refresh, ok)
     directions = []
     for g, G in enumerate(blocks):
@@ -246,6 +249,26 @@ def _refresh(strategy: Strategy, plan: Plan, config: DashConfig, state: TensorDi
         state["factors", str(k), "fallbacks"].add_(fell_back)
 
 
+def _refresh_slices(strategy: Strategy, plan: Plan, config: DashConfig, state: TensorDict, t, ok) -> None:
+    """The staggered schedule's refresh (d): in every factor stack, the slice of blocks whose
+    phase is due at step ``t`` gets new roots; nothing changes where no block is due, before
+    start_prec_step, or on a skipped step (:mod:`dash_fn.schedule`)."""
+    for k, stack in enumerate(plan.factors):
+        if stack.count == 0:
+            continue
+        entry = state["factors", str(k)]
+        positions, due = due_slice(state[SCHEDULE_KEY, str(k)], t, config)
+        due = due if ok is None else due & ok  # a skipped step refreshes nothing
+        if strategy.host_reads and not cpu.all_true(due):
+            continue
+        V0 = state["start_vectors", str(stack.size)] if "start_vectors" in state.keys() else None
+        old = entry["Fbar"].index_select(0, positions)
+        roots, fell_back = refresh_roots(entry["F"].index_select(0, positions), old, stack.order, config, V0, strategy)
+        entry["Fbar"].index_copy_(0, positions, torch.where(due[:, None, None], roots, old))
+        fallbacks = entry["fallbacks"]
+        fallbacks.index_copy_(0, positions, fallbacks.index_select(0, positions) + (fell_back & due))
+
+
 def _block_norm(strategy: Strategy, X: torch.Tensor) -> torch.Tensor:
     """Frobenius norm of each block, (N, 1, 1), without overflow or underflow: max|X| *
     ||X / max|X||| (with host reads the direct norm where it is safe: :func:`dash_fn.cpu.block_norm`)."""
@@ -278,6 +301,9 @@ def _direction(
         )
     graft = torch.linalg.vector_norm(D, dim=(-2, -1), keepdim=True)
     P = U.mul_(graft / (_block_norm(strategy, U) + 1e-16))  # U: this step's own product
+    if staggers(config):  # a block's Adam direction until its first refresh
+        ready = has_root(state[SCHEDULE_KEY, str(group.left.stack)], group.left.offset, group.count, t, config)
+        return torch.where(ready[:, None, None], P, D)
     return P if s == 1 else torch.where(t >= s, P, D)
 
 

@@ -35,6 +35,34 @@ class Mutation:
 
 MUTATIONS = [
     Mutation(
+        "schedule: staggered phase one step early",
+        "dash_fn/schedule.py",
+        "j = torch.remainder(t - s, config.inv_root_freq)",
+        "j = torch.remainder(t - s + 1, config.inv_root_freq)",
+        ("tests/test_staggered.py",),
+    ),
+    Mutation(
+        "schedule: blocks preconditioned before their first refresh",
+        "dash_fn/schedule.py",
+        'return tables["phase"][start : start + count] <= t - int(config.start_prec_step)',
+        'return tables["phase"][start : start + count] <= t',
+        ("tests/test_staggered.py", "-k", "reference"),
+    ),
+    Mutation(
+        "schedule: short slices padded with a block of another phase",
+        "dash_fn/schedule.py",
+        "slices = [r + r[-1:] * (width - len(r)) if r else [0] * width for r in rows]",
+        "slices = [r + [(r[-1] + 1) % len(phase)] * (width - len(r)) if r else [0] * width for r in rows]",
+        ("tests/test_staggered.py",),
+    ),
+    Mutation(
+        "step: a skipped staggered step still refreshes its slice",
+        "dash_fn/step.py",
+        "due = due if ok is None else due & ok",
+        "due = due",
+        ("tests/test_staggered.py", "-k", "skipped"),
+    ),
+    Mutation(
         "step: vectors under one-sided Shampoo decay with weight_decay",
         "dash_fn/step.py",
         "decay = config.vector_decay if p.kind == SEGMENTS else config.weight_decay",

@@ -68,6 +68,22 @@ class ReferenceDash:
                 st["m"] = torch.zeros(W.numel(), dtype=f64)
                 st["v"] = torch.zeros(W.numel(), dtype=f64)
             self.state[name] = st
+        self._number_blocks()
+
+    def _number_blocks(self):
+        """The staggered schedule's block numbers: blocks of one shape (in parameter order,
+        row-major) after those of the shapes met before it; a block's phase is its number mod f."""
+        blocks = [blk for st in self.state.values() for blk in st.get("blocks", [])]
+        shapes = []
+        for blk in blocks:
+            if blk["A"].shape + ("R" in blk,) not in shapes:
+                shapes.append(blk["A"].shape + ("R" in blk,))
+        number = 0
+        for shape in shapes:
+            for blk in blocks:
+                if blk["A"].shape + ("R" in blk,) == shape:
+                    blk["phase"] = number % self.c.inv_root_freq
+                    number += 1
 
     @staticmethod
     def _new_block(r, c, where, two_sided):
@@ -84,9 +100,17 @@ class ReferenceDash:
             b["Rbar"] = torch.eye(c, dtype=f64)
         return b
 
-    def refresh(self, t: int) -> bool:
+    def refresh(self, t: int, blk) -> bool:
         s, f = self.c.start_prec_step, self.c.inv_root_freq
+        if self.c.refresh_schedule == "staggered":
+            return t >= s and (t - s) % f == blk["phase"]
         return t == s or (t > s and t % f == 0)
+
+    def preconditioned(self, t: int, blk) -> bool:
+        """Whether the block's direction is Shampoo's (else Adam's): from start_prec_step on,
+        and under the staggered schedule once the block has had its first refresh."""
+        s = self.c.start_prec_step
+        return t >= s + (blk["phase"] if self.c.refresh_schedule == "staggered" else 0)
 
     def step(self, params: dict, grads: dict, lr: float) -> dict:
         c = self.c
@@ -138,7 +162,7 @@ class ReferenceDash:
                 else:
                     blk["A"] = blk["A"] + G * G
                     cA = 1.0
-                if self.refresh(t):
+                if self.refresh(t, blk):
                     p = 4 if two_sided else 2
                     blk["Lbar"] = self.root(blk["L"], p)
                     if two_sided:
@@ -151,7 +175,7 @@ class ReferenceDash:
                     cG = 1.0
                 D = (blk["Gt"] / cG) / (c.eps_graft + (blk["A"] / cA).sqrt())
                 n = torch.linalg.norm(D)
-                if t < c.start_prec_step:
+                if not self.preconditioned(t, blk):
                     P = D
                 else:
                     U = blk["Lbar"] @ blk["Gt"]

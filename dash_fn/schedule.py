@@ -1,0 +1,126 @@
+"""When the inverse roots are refreshed: all at once every f steps, or a fixed slice every step.
+
+Two schedules (``DashConfig.refresh_schedule``), f = ``inv_root_freq``, s = ``start_prec_step``:
+
+- ``"periodic"``: every root at step s and at every multiple of f after it. A step is one of
+  two programs, a plain step or a refresh step (several times its cost), picked on the host
+  (``refresh=`` of :func:`dash_fn.step`, :func:`is_refresh_step`).
+- ``"staggered"``: every block has a *phase* in [0, f), and at step t >= s the blocks of phase
+  ``(t - s) mod f`` refresh their roots (both factors of a two-sided block together). So every
+  root is at most f - 1 steps stale, as under the periodic schedule, and every step is the same
+  program: each factor stack solves one fixed-size slice of m blocks, picked on the device by
+  index arithmetic on the step counter (no branch on the host or on the device, one graph).
+  Until its first refresh (t < s + phase) a block's direction is its Adam direction, selected
+  per block. A step skipped by the non-finite guard refreshes nothing (its counter does not
+  advance, so the next step refreshes the same slice).
+
+Phases are a property of the blocks, not of the ranks: blocks are numbered group after group
+(a group: all blocks of one shape, in parameter order, row-major within a parameter; groups in
+order of first appearance) and a block's phase is its number mod f. Consecutive blocks take
+consecutive phases, so every stack, and every rank's contiguous share of it, meets every phase
+about equally often; the same numbering on every world size keeps a distributed run bitwise
+equal to one process (:mod:`dash_fn.distributed`), and a checkpoint resumes mid-period.
+
+Each rank keeps two constant tables per factor stack (derived from the plan, never stored in
+checkpoints): ``phase`` (K,), each factor's block phase, and ``slices`` (f, m), row j the stack
+positions of phase j, padded to the stack's largest phase by repeating one of its own blocks
+(the same block solved twice gives the same bits, so the scatter is deterministic). A phase
+with no block in a stack points at position 0 and keeps its old root.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import DashConfig
+from .plan import BlockGroup, Plan
+
+SCHEDULE_KEY = "schedule"
+
+
+def is_refresh_step(config: DashConfig, t: int) -> bool | None:
+    """The ``refresh=`` flag of step number ``t`` (the first step is 1).
+
+    Periodic: ``t == s or (t > s and t % inv_root_freq == 0)`` with s = start_prec_step.
+    Staggered: None, since every step refreshes its slice and takes no flag.
+    """
+    if config.refresh_schedule == "staggered":
+        return None
+    s = config.start_prec_step
+    return t == s or (t > s and t % config.inv_root_freq == 0)
+
+
+def staggers(config: DashConfig) -> bool:
+    """Whether the state keeps stagger tables: a staggered schedule of roots that exist."""
+    return config.refresh_schedule == "staggered" and config.start_prec_step != float("inf")
+
+
+def block_numbers(plan: Plan, shard) -> list[list[int]]:
+    """Per group of ``shard.local``, the global number of each block (the module doc): the same
+    on every world size, except under ``fsdp_blocks="local"``, whose blocks are the shard's own."""
+    local = shard.local
+    if getattr(shard, "mode", "exact") == "local":
+        starts = _group_starts(local.groups)
+        return [[starts[g] + q for q in range(group.count)] for g, group in enumerate(local.groups)]
+    starts = _group_starts(plan.groups)
+    numbers = [[-1] * group.count for group in local.groups]
+    for i, row, col, g, pos in shard.block_origins(plan):
+        region = next(
+            r
+            for r in plan.params[i].regions
+            if r.row_start <= row < r.row_start + r.n_rows * r.block_rows
+            and r.col_start <= col < r.col_start + r.n_cols * r.block_cols
+        )
+        within = (row - region.row_start) // region.block_rows * region.n_cols + (col - region.col_start) // (
+            region.block_cols
+        )
+        numbers[g][pos] = starts[region.group] + region.offset + within
+    return numbers
+
+
+def stagger_tables(plan: Plan, shard, period: int, device) -> dict:
+    """``{stack: {"phase": (K,), "slices": (period, m)}}`` (int64) for this rank's factor stacks."""
+    local = shard.local
+    phases: list[list[int]] = [[0] * stack.count for stack in local.factors]
+    for group, numbers in zip(local.groups, block_numbers(plan, shard)):
+        for side in _sides(group):
+            for q, n in enumerate(numbers):
+                phases[side.stack][side.offset + q] = n % period
+    tables = {}
+    for k, phase in enumerate(phases):
+        rows = [[i for i, p in enumerate(phase) if p == j] for j in range(period)]
+        width = max((len(r) for r in rows), default=0)
+        slices = [r + r[-1:] * (width - len(r)) if r else [0] * width for r in rows]
+        tables[str(k)] = {
+            "phase": torch.tensor(phase, dtype=torch.int64, device=device).reshape(len(phase)),
+            "slices": torch.tensor(slices, dtype=torch.int64, device=device).reshape(period, width),
+        }
+    return tables
+
+
+def due_slice(tables, t: torch.Tensor, config: DashConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(positions (m,), due (1,) bool)``: the stack positions that step ``t`` refreshes, and
+    whether it does (its phase has blocks in this stack and t >= s), on the device."""
+    s = int(config.start_prec_step)
+    j = torch.remainder(t - s, config.inv_root_freq)
+    positions = tables["slices"].index_select(0, j.reshape(1)).reshape(-1)
+    due = (tables["phase"].index_select(0, positions[:1]) == j) & (t >= s)
+    return positions, due
+
+
+def has_root(tables, start: int, count: int, t: torch.Tensor, config: DashConfig) -> torch.Tensor:
+    """(count,) bool: which of the factors at ``[start, start + count)`` have been refreshed by
+    step ``t`` (the first refresh of a block of phase p is at step s + p)."""
+    return tables["phase"][start : start + count] <= t - int(config.start_prec_step)
+
+
+def _group_starts(groups: tuple[BlockGroup, ...]) -> list[int]:
+    starts, total = [], 0
+    for group in groups:
+        starts.append(total)
+        total += group.count
+    return starts
+
+
+def _sides(group: BlockGroup):
+    return [group.left] if group.right is None else [group.left, group.right]

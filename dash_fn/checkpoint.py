@@ -86,9 +86,10 @@ def read_config(blob, where: str = "checkpoint") -> DashConfig:
     for name in config:
         if name not in CONFIG_FIELDS:
             raise ValueError(f"{where}: config has unknown field {name!r} (written by another dash_fn version?)")
-    # A field the writer did not know yet takes its default, the behaviour the writer had.
+    # A field the writer did not know yet takes its default, the behaviour the writer had; but
+    # for the refresh schedule, whose default became "auto" after every writer had "periodic".
     try:
-        return DashConfig(**config)
+        return DashConfig(**{"refresh_schedule": "periodic", **config})
     except (TypeError, ValueError) as error:
         raise ValueError(f"{where}: invalid config: {error}") from None
 

@@ -36,7 +36,7 @@ from .distributed.dcp import load_param_entries, param_entries
 from .plan import ADAMW
 from .roots import resolve_solver
 from .state import init
-from .step import is_refresh_step
+from .schedule import refresh_flag, resolve
 from .step import step as functional_step
 from .strategy import for_device
 
@@ -185,7 +185,8 @@ class DASH(torch.optim.Optimizer):
             return [*owned_slices(state, skipped), *(values[n] for n in names if n in skipped)]
 
         kept = [x.clone() for x in untouched(state)]
-        refresh = is_refresh_step(config, t + 1)
+        host_reads = self._compile is False and for_device(state["step"].device).host_reads
+        refresh = refresh_flag(config, t + 1, resolve(config, host_reads))
         if self._compile is False:
             new, state = functional_step(values, _grads_of(names, params), state, lr=lr, refresh=refresh)
             for n, p in zip(names, params):

@@ -18,7 +18,7 @@ from .inputs import check_step_inputs, flatten, order_like_plan, rebuild
 from .plan import ADAMW, EMPTY, SEGMENTS, Plan
 from .roots import refresh_roots
 from .roots.matmul import stacked_matmul
-from .schedule import SCHEDULE_KEY, due_slice, has_root, is_refresh_step, staggers
+from .schedule import SCHEDULE_KEY, due_slice, has_root, is_refresh_step, resolve
 from .strategy import Strategy, for_device
 
 __all__ = ["step", "is_refresh_step"]
@@ -38,9 +38,9 @@ def step(params, grads, state: TensorDict, *, lr, refresh: bool | None = None):
     only eager CPU calls may do (a sync elsewhere; a compiled step would break its graph):
     elsewhere it raises ValueError. A step skipped by the non-finite guard still refreshes when
     ``refresh=True``, from the factors it left unchanged (:mod:`dash_fn.guard`). Under
-    ``refresh_schedule="staggered"`` every step refreshes its slice of the roots
-    (:mod:`dash_fn.schedule`) and takes no flag: ``refresh`` must be None (as
-    :func:`is_refresh_step` returns), on every device.
+    ``refresh_schedule="staggered"`` (and ``"auto"`` when compiled or off the CPU) every step
+    refreshes its slice of the roots (:mod:`dash_fn.schedule`) and takes no flag: ``refresh``
+    must be None (as :func:`is_refresh_step` returns).
 
     Buffer donation: the input params are never modified, but the state's tensors are updated
     in place and the same TensorDict is returned (like JAX's donated buffers), so memory holds
@@ -64,25 +64,28 @@ def step(params, grads, state: TensorDict, *, lr, refresh: bool | None = None):
     ordered_grads = order_like_plan(plan, grad_names, [to_local(x) for x in grad_list], "grads")
     check_step_inputs(shard.local, state, ordered_params, ordered_grads, lr, refresh)
     strategy = for_device(state["step"].device)
-    if config.refresh_schedule == "staggered" and refresh is not None:
+    schedule = resolve(config, strategy.host_reads)
+    if schedule == "staggered" and refresh is not None:
+        auto = " (refresh_schedule='auto' is staggered when compiled or off the CPU)" * (config.refresh_schedule == "auto")
         raise ValueError(
-            f"step: refresh={refresh!r}, but the staggered schedule refreshes a slice of the roots on every step and "
-            "takes no flag; pass refresh=None (dash_fn.is_refresh_step returns None for it)"
+            f"step: refresh={refresh!r}, but the staggered schedule{auto} refreshes a slice of the roots on every "
+            "step and takes no flag; pass refresh=None (dash_fn.is_refresh_step returns None for it), or choose "
+            "refresh_schedule='periodic'"
         )
-    if refresh is None and not strategy.host_reads and config.refresh_schedule == "periodic":
+    if refresh is None and not strategy.host_reads and schedule == "periodic":
         raise ValueError(
             f"step: refresh=None reads the step counter on the host, which the {strategy.name} strategy does not do "
             "(a device sync, or a break in a compiled graph); pass refresh=dash_fn.is_refresh_step(config, t) with the "
             "step's number t counted on the host"
         )
     with torch.no_grad():
-        new = _apply(strategy, plan, shard, config, state, ordered_params, ordered_grads, lr, refresh)
+        new = _apply(strategy, plan, shard, config, state, ordered_params, ordered_grads, lr, refresh, schedule)
         updated = dict(zip(plan.names, new))
     return rebuild(params, keys, [like(x, updated[n]) for n, x in zip(names, param_list)]), state
 
 
 def _apply(
-    strategy: Strategy, plan: Plan, shard, config: DashConfig, state: TensorDict, params, grads, lr, refresh
+    strategy: Strategy, plan: Plan, shard, config: DashConfig, state: TensorDict, params, grads, lr, refresh, schedule
 ) -> list[torch.Tensor]:
     """Steps b-h on this rank's blocks (``shard.local``), the directions brought to the
     parameters' rows (:mod:`dash_fn.distributed`), then a and i on this rank's params; under
@@ -99,6 +102,7 @@ def _apply(
     if config.skip_nonfinite and not fuse:
         ok = shard.all_ranks(guard.all_finite(vectors, [X for sides in products for _, X in sides]))
     s = config.start_prec_step
+    staggered = schedule == "staggered" and s != math.inf
     if ok is not None and strategy.host_reads:  # branch instead of masking
         if not cpu.all_true(ok):
             state["skipped"].add_(1)
@@ -115,14 +119,14 @@ def _apply(
     state["step"].copy_(guard.choose(ok, t, state["step"]))
     corrections = _bias_corrections(config, local, t)
     _factor_emas(local, config, state, products, ok)
-    if staggers(config):
+    if staggered:
         _refresh_slices(strategy, local, config, state, t, ok)
     elif s != math.inf and refresh is not False:
         _refresh(strategy, local, config, state, t, refresh, ok)
     directions = []
     for g, G in enumerate(blocks):
         Gt, D = _adam_direction(strategy, config, state["groups", str(g)], G, corrections, t, ok)
-        directions.append(_direction(strategy, local, config, state, g, Gt, D, t))
+        directions.append(_direction(strategy, local, config, state, g, Gt, D, t, staggered))
     if config.mu > 0:
         directions = [_momentum(config, state["groups", str(g), "M"], P, ok) for g, P in enumerate(directions)]
     comm_dtype = None if config.comm_dtype is None else getattr(torch, config.comm_dtype)
@@ -259,12 +263,16 @@ def _refresh_slices(strategy: Strategy, plan: Plan, config: DashConfig, state: T
         entry = state["factors", str(k)]
         positions, due = due_slice(state[SCHEDULE_KEY, str(k)], t, config)
         due = due if ok is None else due & ok  # a skipped step refreshes nothing
-        if strategy.host_reads and not cpu.all_true(due):
-            continue
+        if strategy.host_reads:  # skip a slice that is not due; solve no padding twice
+            if not cpu.all_true(due):
+                continue
+            positions = positions[: int((positions != positions[-1]).sum()) + 1]
         V0 = state["start_vectors", str(stack.size)] if "start_vectors" in state.keys() else None
         old = entry["Fbar"].index_select(0, positions)
         roots, fell_back = refresh_roots(entry["F"].index_select(0, positions), old, stack.order, config, V0, strategy)
-        entry["Fbar"].index_copy_(0, positions, torch.where(due[:, None, None], roots, old))
+        if not strategy.host_reads:  # (with host reads every position is due here)
+            roots = torch.where(due[:, None, None], roots, old)
+        entry["Fbar"].index_copy_(0, positions, roots)
         fallbacks = entry["fallbacks"]
         fallbacks.index_copy_(0, positions, fallbacks.index_select(0, positions) + (fell_back & due))
 
@@ -285,10 +293,18 @@ def _scaled_norm(X: torch.Tensor) -> torch.Tensor:
 
 
 def _direction(
-    strategy: Strategy, plan: Plan, config: DashConfig, state: TensorDict, g: int, Gt: torch.Tensor, D: torch.Tensor, t
+    strategy: Strategy,
+    plan: Plan,
+    config: DashConfig,
+    state: TensorDict,
+    g: int,
+    Gt: torch.Tensor,
+    D: torch.Tensor,
+    t,
+    staggered: bool,
 ):
     """For t >= s the grafted Shampoo direction (g) from the gradient EMA ``Gt`` and the Adam
-    direction ``D``; before, ``D``."""
+    direction ``D`` (staggered: from each block's first refresh on); before, ``D``."""
     s = config.start_prec_step
     if s == math.inf:
         return D
@@ -301,8 +317,10 @@ def _direction(
         )
     graft = torch.linalg.vector_norm(D, dim=(-2, -1), keepdim=True)
     P = U.mul_(graft / (_block_norm(strategy, U) + 1e-16))  # U: this step's own product
-    if staggers(config):  # a block's Adam direction until its first refresh
+    if staggered:  # a block's Adam direction until its first refresh
         ready = has_root(state[SCHEDULE_KEY, str(group.left.stack)], group.left.offset, group.count, t, config)
+        if strategy.host_reads and cpu.all_true(ready):  # every block past its first refresh
+            return P
         return torch.where(ready[:, None, None], P, D)
     return P if s == 1 else torch.where(t >= s, P, D)
 

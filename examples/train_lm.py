@@ -135,6 +135,8 @@ class Optimizer:
                 )
             if args.eps is not None:
                 config = config.replace(eps=args.eps)
+            if args.refresh_schedule is not None:
+                config = config.replace(refresh_schedule=args.refresh_schedule)
             self.state = dash_fn.init(params, config, batch_dims=expert_weights(params))
             # dynamic=False: a second config's plan (another block size) would otherwise turn its ints symbolic
             self.step = (
@@ -403,6 +405,12 @@ def _main(argv: list[str] | None = None) -> None:
         default=None,
         help="DASH's eps (X + eps I is inverted) for every dash run; "
         "None keeps each run's config value (DashConfig's 1e-10)",
+    )
+    parser.add_argument(
+        "--refresh-schedule",
+        choices=["periodic", "staggered"],
+        default=None,
+        help="DASH's refresh_schedule for every dash run; None keeps each run's config value",
     )
     parser.add_argument(
         "--save-params",

@@ -43,6 +43,12 @@ SCENARIOS = {
         lambda: mixed_params(shapes={"experts": (5, 20, 12), "b": (10,)}),
         dash_fn.DashConfig(block_size=8, solver="eigh", mu=0.5),
     ),
+    "staggered": (
+        lambda: mixed_params(),
+        dash_fn.DashConfig(
+            block_size=8, solver="eigh", inv_root_freq=3, start_prec_step=2, mu=0.5, refresh_schedule="staggered"
+        ),
+    ),
 }
 BATCH_DIMS = {"moe": {"experts": 1}}  # five experts, each its own matrix
 SCENARIOS["skips"] = (lambda: mixed_params(), dash_fn.DashConfig(block_size=8, solver="eigh", inv_root_freq=2, mu=0.5))

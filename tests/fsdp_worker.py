@@ -38,6 +38,9 @@ SCENARIOS = {
     "one_dim_shampoo": dash_fn.DashConfig(
         block_size=8, solver="eigh", one_dim="shampoo", weight_decay=0.1, weight_decay_1d=0.05
     ),
+    "staggered": dash_fn.DashConfig(
+        block_size=6, solver="ndb", inv_root_freq=3, start_prec_step=2, mu=0.5, refresh_schedule="staggered"
+    ),
 }
 ADAPTER = dict(lr=1e-2, block_size=8, solver="eigh", mu=0.5, weight_decay=0.01)
 

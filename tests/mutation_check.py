@@ -35,6 +35,13 @@ class Mutation:
 
 MUTATIONS = [
     Mutation(
+        "schedule: each rank numbers its own blocks (phases depend on the world size)",
+        "dash_fn/schedule.py",
+        'if getattr(shard, "mode", "exact") == "local":',
+        "if True:",
+        ("tests/test_distributed.py", "tests/test_fsdp.py", "-k", "staggered"),
+    ),
+    Mutation(
         "schedule: staggered phase one step early",
         "dash_fn/schedule.py",
         "j = torch.remainder(t - s, config.inv_root_freq)",

@@ -100,9 +100,18 @@ class ReferenceDash:
             b["Rbar"] = torch.eye(c, dtype=f64)
         return b
 
+    def staggered(self) -> bool:
+        """The schedule of an eager step: "auto" is periodic on the CPU strategy, staggered on
+        the accelerator strategy (simulated here on CPU tensors)."""
+        if self.c.refresh_schedule == "auto":
+            from dash_fn.strategy import simulating
+
+            return simulating()
+        return self.c.refresh_schedule == "staggered"
+
     def refresh(self, t: int, blk) -> bool:
         s, f = self.c.start_prec_step, self.c.inv_root_freq
-        if self.c.refresh_schedule == "staggered":
+        if self.staggered():
             return t >= s and (t - s) % f == blk["phase"]
         return t == s or (t > s and t % f == 0)
 
@@ -110,7 +119,7 @@ class ReferenceDash:
         """Whether the block's direction is Shampoo's (else Adam's): from start_prec_step on,
         and under the staggered schedule once the block has had its first refresh."""
         s = self.c.start_prec_step
-        return t >= s + (blk["phase"] if self.c.refresh_schedule == "staggered" else 0)
+        return t >= s + (blk["phase"] if self.staggered() else 0)
 
     def step(self, params: dict, grads: dict, lr: float) -> dict:
         c = self.c

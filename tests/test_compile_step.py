@@ -24,21 +24,30 @@ def run(step_fn, config, dtype, steps, shapes=None):
     return params, state
 
 
+@pytest.mark.parametrize("schedule, graphs", [("periodic", 2), ("staggered", 1)])
 @pytest.mark.parametrize("one_dim", ["adamw", "shampoo"])
-def test_fullgraph_aot_eager_matches_eager(one_dim):
-    """The refresh flag from the host and a new lr every step: two graphs (plain, refresh), no break.
+def test_fullgraph_aot_eager_matches_eager(one_dim, schedule, graphs):
+    """A new lr every step: periodic, the refresh flag from the host, two graphs (plain,
+    refresh); staggered, one; no break.
 
     eps = 1e-6: eager on the CPU the factor EMA of aligned blocks runs inside its product
     (baddbmm), compiled as a product and an update, so the factors differ by rounding (1e-14
     here), which eps = 1e-10 amplifies in rank-deficient factors' roots to 1e-5 (eps^{-1/4});
     at 1e-6 the parameters (of size 1-4) agree to 2e-10, hence atol 1e-9."""
     config = dash_fn.DashConfig(
-        block_size=24, solver="eigh", inv_root_freq=3, start_prec_step=2, mu=0.5, one_dim=one_dim, eps=1e-6
+        block_size=24,
+        solver="eigh",
+        inv_root_freq=3,
+        start_prec_step=2,
+        mu=0.5,
+        one_dim=one_dim,
+        eps=1e-6,
+        refresh_schedule=schedule,
     )
     compiled = torch.compile(dash_fn.step, fullgraph=True, backend="aot_eager")
     counters.clear()
     got, got_state = run(compiled, config, torch.float64, 8)
-    assert counters["stats"]["unique_graphs"] == 2
+    assert counters["stats"]["unique_graphs"] == graphs
     assert sum(counters["graph_break"].values()) == 0
     want, want_state = run(dash_fn.step, config, torch.float64, 8)
     for k in want:
@@ -53,7 +62,7 @@ def test_inductor_matches_eager():
     differences of their roots (eps^{-1/4} amplification), in any two implementations.
     A small model keeps Inductor's compile time (gcc, 2 cores) near half a minute."""
     shapes = {"matrix": (48, 40), "bias": (40,)}
-    config = dash_fn.DashConfig(block_size=24, solver="eigh", inv_root_freq=2, eps=1e-6)
+    config = dash_fn.DashConfig(block_size=24, solver="eigh", inv_root_freq=2, eps=1e-6, refresh_schedule="staggered")
     compiled = torch.compile(dash_fn.step, fullgraph=True, backend="inductor")
     got, _ = run(compiled, config, torch.float64, 5, shapes)
     want, _ = run(dash_fn.step, config, torch.float64, 5, shapes)
@@ -71,7 +80,7 @@ def test_states_of_different_eps_share_the_compiled_step():
     lr = torch.tensor(0.1, dtype=torch.float64)
     compiled = torch.compile(dash_fn.step, fullgraph=True, backend="aot_eager")
     for eps in (1e-10, 1e-6, 1e-8):
-        config = dash_fn.DashConfig(block_size=16, solver="eigh", eps=eps, start_prec_step=1)
+        config = dash_fn.DashConfig(block_size=16, solver="eigh", eps=eps, refresh_schedule="periodic")
         got, _ = compiled(params, grads, dash_fn.init(params, config), lr=lr, refresh=True)
         want, _ = dash_fn.step(params, grads, dash_fn.init(params, config), lr=lr, refresh=True)
         torch.testing.assert_close(got["w"], want["w"], rtol=1e-9, atol=1e-9, msg=f"eps {eps}")
@@ -84,13 +93,12 @@ def test_a_state_without_blocks_compiles():
     grads = {"s": torch.tensor(0.5, dtype=torch.float64), "v": torch.full((3,), 0.25, dtype=torch.float64)}
     compiled = torch.compile(dash_fn.step, fullgraph=True, backend="aot_eager")
     state = dash_fn.init(params, dash_fn.DashConfig())
-    got, _ = compiled(params, grads, state, lr=torch.tensor(0.01, dtype=torch.float64), refresh=False)
+    got, _ = compiled(params, grads, state, lr=torch.tensor(0.01, dtype=torch.float64))
     want, _ = dash_fn.step(
         params,
         grads,
-        dash_fn.init(params, dash_fn.DashConfig()),
+        dash_fn.init(params, dash_fn.DashConfig(refresh_schedule="staggered")),
         lr=torch.tensor(0.01, dtype=torch.float64),
-        refresh=False,
     )
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=1e-12, atol=0)

@@ -21,7 +21,7 @@ def graphs():
 
 @pytest.mark.parametrize("lr_kind", ["float", "tensor"])
 def test_bare_step_32_steps_at_most_two_graphs(lr_kind):
-    config = dash_fn.DashConfig(block_size=24, solver="eigh", inv_root_freq=5)
+    config = dash_fn.DashConfig(block_size=24, solver="eigh", inv_root_freq=5, refresh_schedule="periodic")
     params = mixed_params()
     state = dash_fn.init(params, config)
     compiled = torch.compile(dash_fn.step, fullgraph=True, backend="aot_eager")
@@ -45,7 +45,7 @@ def test_train_step_32_steps_at_most_two_graphs():
     torch.manual_seed(0)
     model = Llama(LlamaConfig(d_model=32, n_layers=1, n_heads=2, mlp_hidden=48, context=16))
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    config = dash_fn.DashConfig(block_size=32, solver="eigh", inv_root_freq=5)
+    config = dash_fn.DashConfig(block_size=32, solver="eigh", inv_root_freq=5, refresh_schedule="periodic")
     state = dash_fn.init(params, config)
     step = compiled_step.make_train_step(model, config, backend="aot_eager")
     counters.clear()
@@ -83,7 +83,7 @@ def test_compiled_equals_eager_each_solver(solver):
     # blocks compiled are in test_properties)
     shapes = {"matrix": (48, 48), "bias": (48,)}
     config = dash_fn.DashConfig(
-        block_size=24, solver=solver, eps=1e-4, inv_root_freq=2, cheb_degree=12
+        block_size=24, solver=solver, eps=1e-4, inv_root_freq=2, cheb_degree=12, refresh_schedule="staggered"
     )  # d = 60 unrolls for minutes
     want = run_steps(dash_fn.step, config, 10, shapes)
     got = run_steps(torch.compile(dash_fn.step, fullgraph=True, backend="aot_eager"), config, 10, shapes)

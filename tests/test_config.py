@@ -21,6 +21,7 @@ BAD = [
     ("pim_vectors", 0),
     ("scaling_seed", -1),
     ("solver", "svd"),
+    ("refresh_schedule", "sometimes"),
     ("scaling", "spectral"),
     ("eigh_heuristic", "clip"),
     ("grafting", "sgd"),

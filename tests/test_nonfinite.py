@@ -14,7 +14,10 @@ from dash_fn.strategy import simulated_accelerator
 
 pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (README, Tests)
 
-CONFIG = dash_fn.DashConfig(block_size=24, solver="eigh", inv_root_freq=2, mu=0.5, weight_decay=0.1)
+# the periodic schedule: these tests follow its refresh flag through skipped steps
+CONFIG = dash_fn.DashConfig(
+    block_size=24, solver="eigh", inv_root_freq=2, mu=0.5, weight_decay=0.1, refresh_schedule="periodic"
+)
 FAULTS = {  # what spoils one parameter's gradient
     "nan": lambda g: g.view(-1)[:1].fill_(float("nan")),  # one entry
     "inf": lambda g: g.fill_(-math.inf),
@@ -151,6 +154,7 @@ def adapter_run(values, faulty_call, compile=False, steps=5):
 
 
 ADAPTER_CONFIG = {
+    "refresh_schedule": "periodic",
     "block_size": 24,
     "solver": "eigh",
     "inv_root_freq": 2,

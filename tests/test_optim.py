@@ -200,16 +200,26 @@ def test_closure_is_evaluated_with_grad_and_its_loss_returned():
         assert torch.equal(p.detach(), want[k]), k
 
 
-def test_compiled_step_matches_eager_in_two_graphs():
-    """On the CPU two graphs serve all steps (plain and refresh, picked on the host from the
-    state's counter): a new lr every step (scheduler), a parameter without grad and a skipped
-    non-finite step recompile neither, and the refresh schedule follows the counter past the
-    skip (step 4 is skipped, so the refresh due at 4 comes at the next call), as in eager."""
+@pytest.mark.parametrize("schedule, graphs", [("periodic", 2), ("staggered", 1)])
+def test_compiled_step_matches_eager_in_two_graphs(schedule, graphs):
+    """On the CPU two graphs serve all periodic steps (plain and refresh, picked on the host
+    from the state's counter), one all staggered steps: a new lr every step (scheduler), a
+    parameter without grad and a skipped non-finite step recompile none, and the schedule
+    follows the counter past the skip (step 4 is skipped, so the refresh due at 4 comes at the
+    next call), as in eager."""
     shapes = {"w": (12, 10), "b": (10,)}  # one block: a small graph compiles fast
     runs = {}
     for compile in (False, {"backend": "aot_eager"}):
         params = {k: torch.nn.Parameter(v) for k, v in mixed_params(shapes=shapes).items()}
-        opt = dash_fn.DASH(params.values(), lr=0.01, compile=compile, block_size=16, solver="eigh", inv_root_freq=2)
+        opt = dash_fn.DASH(
+            params.values(),
+            lr=0.01,
+            compile=compile,
+            block_size=16,
+            solver="eigh",
+            inv_root_freq=2,
+            refresh_schedule=schedule,
+        )
         scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: 1 / (1 + t))
         counters.clear()
         for t in range(1, 8):
@@ -222,7 +232,7 @@ def test_compiled_step_matches_eager_in_two_graphs():
         runs[bool(compile)] = values(params)
         assert opt.skipped_steps() == [1]
         if compile:
-            assert counters["stats"]["unique_graphs"] == 2
+            assert counters["stats"]["unique_graphs"] == graphs
             assert sum(counters["graph_break"].values()) == 0
     for k in runs[False]:
         torch.testing.assert_close(runs[True][k], runs[False][k], rtol=1e-5, atol=1e-6, msg=k)

@@ -11,7 +11,9 @@ def roots(state):
 
 
 def test_roots_change_only_on_refresh_steps():
-    config = dash_fn.DashConfig(block_size=24, solver="eigh", start_prec_step=3, inv_root_freq=4)
+    config = dash_fn.DashConfig(
+        block_size=24, solver="eigh", start_prec_step=3, inv_root_freq=4, refresh_schedule="periodic"
+    )
     expected_refreshes = {3, 4, 8, 12}
     assert {t for t in range(1, 15) if dash_fn.is_refresh_step(config, t)} == expected_refreshes
     params = mixed_params()

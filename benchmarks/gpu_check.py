@@ -133,7 +133,7 @@ def run_checked(device: torch.device, steps, compiled: bool) -> str:
 
 def accuracy(device: torch.device, shapes: dict, block: int, solver: str, steps: int = 12) -> float:
     """Largest ``||W_device - W_cpu64|| / ||W_cpu64||`` over the parameters after ``steps`` steps."""
-    config = dash_fn.DashConfig(block_size=block, solver=solver, inv_root_freq=3)
+    config = dash_fn.DashConfig(block_size=block, solver=solver, inv_root_freq=3, refresh_schedule="periodic")
     gen = torch.Generator().manual_seed(0)
     start = {k: torch.randn(s, generator=gen, dtype=torch.float64) for k, s in shapes.items()}
     grads = [{k: torch.randn(s, generator=gen, dtype=torch.float64) for k, s in shapes.items()} for _ in range(steps)]

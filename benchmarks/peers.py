@@ -233,6 +233,7 @@ def build_dash(compile: bool):
             solver="eigh",
             inv_root_freq=freq,
             start_prec_step=args.start,
+            refresh_schedule="periodic",  # as Distributed Shampoo: every root at once
         )
 
     return build

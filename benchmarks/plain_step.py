@@ -60,7 +60,14 @@ def adapter(d: int, block: int, layers: int, compile: bool | dict):
     params = [p for _ in range(layers) for p in torch.nn.Linear(d, d).parameters()]
     grads = [torch.randn_like(p) * 1e-2 for p in params]
     opt = dash_fn.DASH(
-        params, lr=1e-3, compile=compile, block_size=block, solver="eigh", start_prec_step=1, inv_root_freq=10**9
+        params,
+        lr=1e-3,
+        compile=compile,
+        block_size=block,
+        solver="eigh",
+        start_prec_step=1,
+        inv_root_freq=10**9,
+        refresh_schedule="periodic",  # roots at step 1 only: every timed step is plain
     )
 
     def run():

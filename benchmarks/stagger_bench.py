@@ -47,7 +47,9 @@ SCHEDULES = ("periodic", "staggered")
 
 def problem(args) -> tuple[dict, dict]:
     gen = torch.Generator().manual_seed(0)
-    shapes = {f"{i}.{kind}": shape for i in range(3) for kind, shape in (("weight", (args.d, args.d)), ("bias", (args.d,)))}
+    shapes = {
+        f"{i}.{kind}": shape for i in range(3) for kind, shape in (("weight", (args.d, args.d)), ("bias", (args.d,)))
+    }
     params = {k: torch.randn(s, generator=gen) * 0.02 for k, s in shapes.items()}
     grads = {k: torch.randn(s, generator=gen) for k, s in shapes.items()}
     return params, grads
@@ -108,9 +110,7 @@ def ddp_times(args) -> dict[str, list[list[float]]]:
     with tempfile.TemporaryDirectory() as out:
         mp.spawn(ddp_worker, args=(args, os.path.join(out, "init"), out), nprocs=2)
         ranks = [torch.load(os.path.join(out, f"rank{r}.pt")) for r in range(2)]
-    return {
-        s: [[max(step) for step in zip(*runs)] for runs in zip(*(r[s] for r in ranks))] for s in SCHEDULES
-    }
+    return {s: [[max(step) for step in zip(*runs)] for runs in zip(*(r[s] for r in ranks))] for s in SCHEDULES}
 
 
 def report(label: str, times: dict[str, list[list[float]]]) -> list[str]:

@@ -151,7 +151,9 @@ def bench(
     compiled_variants: dict[str, dict],
 ):
     """Rows of the table for one layer (``label`` names it in the d_model column)."""
-    config = dash_fn.DashConfig(block_size=block_size, solver=solver)
+    config = dash_fn.DashConfig(
+        block_size=block_size, solver=solver, refresh_schedule="periodic"
+    )  # plain, refresh apart
     plan = dash_fn.init({k: torch.empty(s, device="meta") for k, s in shapes.items()}, config)["plan"]
     n_params = sum(a * b for a, b in shapes.values())
     flops_plain, flops_solver = plain_flops(plan), solver_flops(plan, config)

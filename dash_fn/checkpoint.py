@@ -126,7 +126,9 @@ def _state_from_dict(blob, device, params, config, copy: bool, where: str, place
         _check_config(saved_config, config, where)
     template = _template(saved_params, saved_config, device, placement, batch_dims)
     tensors = _check_tensors(_upgrade_version_1(blob, template), template, where)
-    state = TensorDict(constants(template["plan"], template["shard"], saved_config, device), batch_size=[], device=device)
+    state = TensorDict(
+        constants(template["plan"], template["shard"], saved_config, device), batch_size=[], device=device
+    )
     for key, _ in template.exclude(*CONSTANTS).items(include_nested=True, leaves_only=True):
         state.set(key, tensors[_join(key)].to(device, copy=copy))
     state = (

@@ -11,7 +11,9 @@ The state of a group lives in ``optimizer.state[first parameter of the group]`` 
 ``{"dash": TensorDict, "step": int}``; ``step`` counts the group's steps on the host, skipped
 or not (the state's ``step + skipped``), and picks each step's refresh flag
 (:func:`dash_fn.is_refresh_step`), so eager and compiled steps on every device follow one
-schedule with no device read (the staggered schedule takes no flag: one compiled graph). A step skipped for non-finite gradients does not advance the
+schedule with no device read (the staggered schedule takes no flag: one compiled graph;
+``refresh_schedule="auto"`` is staggered when compiled or off the CPU). A step skipped for
+non-finite gradients does not advance the
 state's own counter (its bias corrections), and on a refresh step it still refreshes the roots,
 from the factors it left unchanged (:mod:`dash_fn.guard`).
 """
@@ -35,8 +37,8 @@ from .distributed import process_group_info
 from .distributed.dcp import load_param_entries, param_entries
 from .plan import ADAMW
 from .roots import resolve_solver
-from .state import init
 from .schedule import refresh_flag, resolve
+from .state import init
 from .step import step as functional_step
 from .strategy import for_device
 
@@ -66,7 +68,8 @@ class DASH(torch.optim.Optimizer):
     ``torch.compile(dash_fn.step, fullgraph=True)``, built once per optimizer, with ``lr``
     passed as a 0-d tensor, so schedulers never recompile. Each group has two graphs, a plain
     step and a refresh step, picked on the host (``refresh=`` of :func:`dash_fn.step`), with no
-    data-dependent control flow, or one under ``refresh_schedule="staggered"``; the parameters and the state's tensors, which the step updates
+    data-dependent control flow, or one under the staggered schedule (``"auto"``, the default,
+    when compiled); the parameters and the state's tensors, which the step updates
     in place, are static addresses, so ``compile={"mode": "reduce-overhead"}`` captures each
     step in a CUDA graph (with a matmul solver: eigh syncs, and is refused there). (Dynamo caches
     graphs, and counts its ``recompile_limit``, per code object: each group and kind of step
@@ -109,7 +112,7 @@ class DASH(torch.optim.Optimizer):
         _warn_if_adam_eps(config_fields, "DASH")
         defaults = {"lr": lr, **dataclasses.asdict(DashConfig(**config_fields))}
         self._compile = dict(compile) if isinstance(compile, Mapping) else compile
-        self._compiled_steps: dict[tuple[bool, str], Callable] = {}
+        self._compiled_steps: dict[tuple[bool | None, str], Callable] = {}
         process_group_info(process_group)  # a bad group fails here, not at the first step
         self._process_group = process_group
         super().__init__(params, defaults)

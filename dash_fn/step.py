@@ -66,7 +66,9 @@ def step(params, grads, state: TensorDict, *, lr, refresh: bool | None = None):
     strategy = for_device(state["step"].device)
     schedule = resolve(config, strategy.host_reads)
     if schedule == "staggered" and refresh is not None:
-        auto = " (refresh_schedule='auto' is staggered when compiled or off the CPU)" * (config.refresh_schedule == "auto")
+        auto = " (refresh_schedule='auto' is staggered when compiled or off the CPU)" * (
+            config.refresh_schedule == "auto"
+        )
         raise ValueError(
             f"step: refresh={refresh!r}, but the staggered schedule{auto} refreshes a slice of the roots on every "
             "step and takes no flag; pass refresh=None (dash_fn.is_refresh_step returns None for it), or choose "

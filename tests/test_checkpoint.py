@@ -243,7 +243,8 @@ def test_load_state_rejects_another_model_or_config(tmp_path):
 
 def test_damaged_or_foreign_files_raise_clear_errors(tmp_path):
     state = dash_fn.init(model_values(), dash_fn.DashConfig(block_size=16, solver="eigh"))
-    dash_fn.step(model_values(), random_grads(model_values(), 1), state, lr=0.01, refresh=True)
+    refresh = dash_fn.is_refresh_step(state["config"], 1)
+    dash_fn.step(model_values(), random_grads(model_values(), 1), state, lr=0.01, refresh=refresh)
     good = tmp_path / "good.pt"
     dash_fn.save_state(good, state)
     data = good.read_bytes()

@@ -143,7 +143,18 @@ def ranks(request, tmp_path_factory):
     return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(world_size)]
 
 
-SCENARIOS = ["eigh", "ndb", "one_dim_shampoo", "owns_nothing", "vectors_only", "uniform", "moe", "skips", "compiled", "staggered"]
+SCENARIOS = [
+    "eigh",
+    "ndb",
+    "one_dim_shampoo",
+    "owns_nothing",
+    "vectors_only",
+    "uniform",
+    "moe",
+    "skips",
+    "compiled",
+    "staggered",
+]
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)

@@ -40,8 +40,8 @@ typecheck: venv
 	$(BIN)/mypy
 
 pytest: venv
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 # the tests of what an accelerator executes, with the accelerator strategy simulated on the CPU
 accelerator: venv
-	DASH_FN_SIMULATE_ACCELERATOR=1 $(BIN)/python -m pytest -q -m "accelerator and not inductor"
+	DASH_FN_SIMULATE_ACCELERATOR=1 $(BIN)/python -m pytest -q --durations=15 -m "accelerator and not inductor"

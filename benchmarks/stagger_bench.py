@@ -162,7 +162,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--freq", type=int, default=10, help="inv_root_freq")
     parser.add_argument("--steps", type=int, default=50, help="timed consecutive steps per schedule")
     parser.add_argument("--reps", type=int, default=3, help="runs of --steps consecutive steps per schedule")
-    parser.add_argument("--modes", nargs="+", default=["eager", "compiled"], choices=["eager", "compiled"])
+    parser.add_argument(
+        "--modes", nargs="+", default=["eager", "compiled"], choices=["eager", "compiled"], help="step kinds to time"
+    )
     parser.add_argument("--ddp", action=argparse.BooleanOptionalAction, default=True, help="W = 2 eager runs too")
     parser.add_argument("--quick", action="store_true", help="d 64, block 16, 20 steps: a smoke run")
     parser.add_argument("--out", default="benchmarks/results", help="directory for stagger_steps.json and .png")

@@ -25,8 +25,9 @@ equal to one process (:mod:`dash_fn.distributed`), and a checkpoint resumes mid-
 
 Each rank keeps two constant tables per factor stack (derived from the plan, never stored in
 checkpoints): ``phase`` (K,), each factor's block phase, and ``slices`` (f, m), row j the stack
-positions of phase j, padded to the stack's largest phase by repeating one of its own blocks
-(the same block solved twice gives the same bits, so the scatter is deterministic). A phase
+positions of phase j (rows only up to the largest block number when f exceeds it), padded to
+the stack's largest phase by repeating one of its own blocks (the same block solved twice
+gives the same bits, so the scatter is deterministic). A phase
 with no block in a stack points at position 0 and keeps its old root.
 """
 
@@ -99,21 +100,27 @@ def block_numbers(plan: Plan, shard) -> list[list[int]]:
 
 
 def stagger_tables(plan: Plan, shard, period: int, device) -> dict:
-    """``{stack: {"phase": (K,), "slices": (period, m)}}`` (int64) for this rank's factor stacks."""
+    """``{stack: {"phase": (K,), "slices": (min(period, blocks), m)}}`` (int64) for this rank's
+    factor stacks (blocks: of the whole model)."""
     local = shard.local
     phases: list[list[int]] = [[0] * stack.count for stack in local.factors]
-    for group, numbers in zip(local.groups, block_numbers(plan, shard)):
+    numbers_of_groups = block_numbers(plan, shard)
+    for group, numbers in zip(local.groups, numbers_of_groups):
         for side in _sides(group):
             for q, n in enumerate(numbers):
                 phases[side.stack][side.offset + q] = n % period
+    # phases past the last block's number (period > blocks) have no block: rows up to it suffice
+    # (due_slice clamps the phase, and its comparison finds nothing due), so the tables stay
+    # within the number of blocks however large the period (inv_root_freq=10**9: never again)
+    count = min(period, 1 + max((n for numbers in numbers_of_groups for n in numbers), default=0))
     tables = {}
     for k, phase in enumerate(phases):
-        rows = [[i for i, p in enumerate(phase) if p == j] for j in range(period)]
+        rows = [[i for i, p in enumerate(phase) if p == j] for j in range(count)]
         width = max((len(r) for r in rows), default=0)
         slices = [r + r[-1:] * (width - len(r)) if r else [0] * width for r in rows]
         tables[str(k)] = {
             "phase": torch.tensor(phase, dtype=torch.int64, device=device).reshape(len(phase)),
-            "slices": torch.tensor(slices, dtype=torch.int64, device=device).reshape(period, width),
+            "slices": torch.tensor(slices, dtype=torch.int64, device=device).reshape(count, width),
         }
     return tables
 
@@ -123,7 +130,8 @@ def due_slice(tables, t: torch.Tensor, config: DashConfig) -> tuple[torch.Tensor
     whether it does (its phase has blocks in this stack and t >= s), on the device."""
     s = int(config.start_prec_step)
     j = torch.remainder(t - s, config.inv_root_freq)
-    positions = tables["slices"].index_select(0, j.reshape(1)).reshape(-1)
+    row = j.clamp(max=tables["slices"].shape[0] - 1)
+    positions = tables["slices"].index_select(0, row.reshape(1)).reshape(-1)
     due = (tables["phase"].index_select(0, positions[:1]) == j) & (t >= s)
     return positions, due
 

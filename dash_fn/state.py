@@ -56,7 +56,7 @@ def init(
         factors/<k>/F, Fbar       per factor stack (K, b, b): factors and their inverse roots
         factors/<k>/fallbacks     int64 (K,), per factor: refreshes that failed and kept the old root
         start_vectors/<b>         (b, k) power-iteration start vectors, when the solver scales by PI
-        schedule/<k>/phase, slices  int64 (K,), (f, m): the staggered schedule's tables (dash_fn.schedule)
+        schedule/<k>/phase, slices  int64 (K,), (<= f, m): the staggered schedule's tables (dash_fn.schedule)
         adamw/m, v                flat moments of the vectors under AdamW
         config, plan, shard       non-tensor data: the DashConfig, the blocking plan of all
                                   params, and this rank's share of its blocks (everything at W = 1)

@@ -6,6 +6,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 
 import gpu_check  # noqa: E402
+import stagger_bench  # noqa: E402
 import step_bench  # noqa: E402
 
 
@@ -23,6 +24,15 @@ def test_step_bench_quick(capsys):
     out = capsys.readouterr().out
     assert "| dash_fn eager | 32 | 16 | eigh |" in out
     assert "faster with dash_fn eager than sequential" in out
+
+
+def test_stagger_bench_quick(capsys, tmp_path):
+    stagger_bench.main(
+        ["--quick", "--modes", "eager", "--no-ddp", "--reps", "1", "--steps", "10", "--out", str(tmp_path)]
+    )
+    out = capsys.readouterr().out
+    assert "| eager | periodic |" in out and "| eager | staggered |" in out
+    assert (tmp_path / "stagger_steps.png").exists() and (tmp_path / "stagger_steps.json").exists()
 
 
 def test_flop_count_matches_hand_count():

@@ -205,3 +205,19 @@ def test_with_config_switches_schedules_on_one_state():
     assert state["schedule", "0", "slices"].shape[0] == 3
     params, state = run(params, state["config"], 3, state=state, start=4)
     assert "schedule" not in with_config(state, state["config"].replace(refresh_schedule="periodic")).keys()
+
+
+def test_a_period_longer_than_the_model_keeps_the_tables_small():
+    """inv_root_freq=10**9 ("refresh once"): a table row per block number, not per phase, and
+    each block's roots change once, at step s + its number, and never after."""
+    config = staggered(block_size=8, inv_root_freq=10**9)
+    params = mixed_params(shapes={"w": (24, 16), "b": (16,)})  # 6 blocks: numbers 0-5
+    state = dash_fn.init(params, config)
+    assert all(state["schedule", k, "slices"].shape[0] == 6 for k in state["schedule"].keys())
+    phase = state["schedule", "0", "phase"]
+    before = roots(state)
+    for t in range(1, 10):
+        params, state = dash_fn.step(params, random_grads(params, t), state, lr=1e-2)
+        changed = (before["0"] != roots(state)["0"]).flatten(1).any(1)
+        assert torch.equal(changed, phase == t - 1), t
+        before = roots(state)

@@ -27,8 +27,8 @@ Each rank keeps two constant tables per factor stack (derived from the plan, nev
 checkpoints): ``phase`` (K,), each factor's block phase, and ``slices`` (f, m), row j the stack
 positions of phase j (rows only up to the largest block number when f exceeds it), padded to
 the stack's largest phase by repeating one of its own blocks (the same block solved twice
-gives the same bits, so the scatter is deterministic). A phase
-with no block in a stack points at position 0 and keeps its old root.
+gives the same bits, so the scatter is deterministic). A phase with no block in a stack points
+at position 0 and keeps its old root.
 """
 
 from __future__ import annotations
@@ -115,7 +115,9 @@ def stagger_tables(plan: Plan, shard, period: int, device) -> dict:
     count = min(period, 1 + max((n for numbers in numbers_of_groups for n in numbers), default=0))
     tables = {}
     for k, phase in enumerate(phases):
-        rows = [[i for i, p in enumerate(phase) if p == j] for j in range(count)]
+        rows: list[list[int]] = [[] for _ in range(count)]
+        for i, p in enumerate(phase):
+            rows[p].append(i)
         width = max((len(r) for r in rows), default=0)
         slices = [r + r[-1:] * (width - len(r)) if r else [0] * width for r in rows]
         tables[str(k)] = {

@@ -81,7 +81,8 @@ def sensitivity(solver: str, eps: float, warmup: int, train_data, trials_seed: i
     """{'refresh': [(change, parameter)], 'kept': [...], 'control': max change} for one config."""
     _, params, loss_fn = main_job()
     grad_fn = torch.func.grad_and_value(loss_fn)
-    config = dash_fn.DashConfig(block_size=128, solver=solver, inv_root_freq=10, eps=eps)
+    # periodic: the step that refreshes every root is the one measured
+    config = dash_fn.DashConfig(block_size=128, solver=solver, inv_root_freq=10, eps=eps, refresh_schedule="periodic")
     state = dash_fn.init(params, config)
     matrices = [k for k, v in params.items() if v.ndim >= 2]
     gen = torch.Generator().manual_seed(trials_seed)

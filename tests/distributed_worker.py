@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import dash_fn  # noqa: E402
 from conftest import mixed_params, random_grads, tensors  # noqa: E402
+from dash_fn.state import CONSTANTS  # noqa: E402
 
 STEPS = 10
 
@@ -64,8 +65,9 @@ FAULTS = {"skips": {4: overflow_one_block}}  # before step t, a spoiled step tha
 
 
 def state_bytes(state) -> int:
-    """Bytes of the state's arrays (not its 0-d counters, which every rank keeps)."""
-    return sum(x.numel() * x.element_size() for x in tensors(state).values() if x.ndim)
+    """Bytes of the state's arrays (not its 0-d counters, which every rank keeps, nor the
+    constant tables made from the config and plan: start vectors, the stagger's indices)."""
+    return sum(x.numel() * x.element_size() for k, x in tensors(state).items() if x.ndim and k[0] not in CONSTANTS)
 
 
 def run(params, config, process_group=None, steps=STEPS, compile_backend=None, batch_dims=None, faults=None):

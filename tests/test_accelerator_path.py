@@ -21,9 +21,12 @@ PARAMS = {"blocks": None, "vectors-only": {"b": (10,), "c": (3,), "s": ()}}
 SMALL = {"w": (48, 30), "b": (30,)}  # two block sizes: keeps the compile time of each solver's unrolled refresh short
 
 
-def config_for(solver: str) -> dash_fn.DashConfig:
-    # momentum and the non-finite guard (on by default) on; Chebyshev at a low degree (compile time)
-    return dash_fn.DashConfig(block_size=24, solver=solver, inv_root_freq=2, mu=0.5, cheb_degree=8)
+def config_for(solver: str, schedule: str = "periodic") -> dash_fn.DashConfig:
+    # momentum and the non-finite guard (on by default) on; Chebyshev at a low degree (compile
+    # time); the periodic schedule unless asked (auto, the default, is staggered here)
+    return dash_fn.DashConfig(
+        block_size=24, solver=solver, inv_root_freq=2, mu=0.5, cheb_degree=8, refresh_schedule=schedule
+    )
 
 
 def params_of(kind: str) -> dict:
@@ -36,11 +39,13 @@ def _accelerator():
         yield
 
 
+@pytest.mark.parametrize("schedule", ["periodic", "auto"])
 @pytest.mark.parametrize("kind", PARAMS)
 @pytest.mark.parametrize("solver", MATMUL_SOLVERS)
-def test_functional_eager_steps_do_not_sync(solver, kind):
-    """Plain and refresh steps, after a first step of each: not one op reads the device."""
-    config, params = config_for(solver), params_of(kind)
+def test_functional_eager_steps_do_not_sync(solver, kind, schedule):
+    """Plain and refresh steps (or staggered ones), after a first step of each: not one op
+    reads the device."""
+    config, params = config_for(solver, schedule), params_of(kind)
     state, counter = dash_fn.init(params, config), SyncCounter()
     for t in range(1, 7):
         with counter if t > 2 else SyncCounter():
@@ -111,24 +116,26 @@ def test_refresh_none_says_what_to_pass():
 
 
 def check_graphs(graphs: list, expected: int) -> None:
-    assert len(graphs) == expected  # a plain step and a refresh step
+    assert len(graphs) == expected  # a plain step and a refresh step, or one staggered step
     for gm, reasons in graphs:
         assert reasons == [], reasons[0][:2000]
         assert any(node.op == "placeholder" for node in gm.graph.nodes)
 
 
+@pytest.mark.parametrize("schedule, expected", [("periodic", 2), ("auto", 1)])
 @pytest.mark.parametrize("solver", MATMUL_SOLVERS)
-def test_compiled_step_graphs_hold_no_sync_and_pass_the_cuda_graph_checks(solver):
-    """Both graphs of the compiled functional step: no cond, item or nonzero node, and none of
-    Inductor's reasons to skip CUDA graphs (the state's tensors it mutates are static)."""
-    config, params, graphs = config_for(solver), mixed_params(shapes=SMALL), []
+def test_compiled_step_graphs_hold_no_sync_and_pass_the_cuda_graph_checks(solver, schedule, expected):
+    """Every graph of the compiled functional step (periodic: two; auto, staggered here: one):
+    no cond, item or nonzero node, and none of Inductor's reasons to skip CUDA graphs (the
+    state's tensors it mutates are static)."""
+    config, params, graphs = config_for(solver, schedule), mixed_params(shapes=SMALL), []
     compiled = torch.compile(dash_fn.step, fullgraph=True, backend=inspecting_backend(graphs))
     state = dash_fn.init(params, config)
     for t in range(1, 5):
         params, state = compiled(
             params, random_grads(params, t), state, lr=torch.tensor(1e-2), refresh=dash_fn.is_refresh_step(config, t)
         )
-    check_graphs(graphs, 2)
+    check_graphs(graphs, expected)
 
 
 def test_a_loaded_state_is_static_too(tmp_path):
@@ -154,6 +161,7 @@ def test_compiled_adapter_graphs_pass_the_cuda_graph_checks():
         solver="ndb",
         inv_root_freq=2,
         mu=0.5,
+        refresh_schedule="periodic",
         compile={"backend": inspecting_backend(graphs)},
     )
     for t in range(4):

@@ -60,12 +60,16 @@ def test_inductor_matches_eager():
     """float64 and eps = 1e-6 so that the comparison measures the compiler: with stale roots,
     eigenvalues at eps = 1e-10 in rank-deficient factors turn rounding noise into 1e-3
     differences of their roots (eps^{-1/4} amplification), in any two implementations.
-    A small model keeps Inductor's compile time (gcc, 2 cores) near half a minute."""
+    A small model keeps Inductor's compile time (gcc, 2 cores) near half a minute. The
+    staggered schedule: one graph over three periods, no recompile."""
     shapes = {"matrix": (48, 40), "bias": (40,)}
     config = dash_fn.DashConfig(block_size=24, solver="eigh", inv_root_freq=2, eps=1e-6, refresh_schedule="staggered")
     compiled = torch.compile(dash_fn.step, fullgraph=True, backend="inductor")
-    got, _ = run(compiled, config, torch.float64, 5, shapes)
-    want, _ = run(dash_fn.step, config, torch.float64, 5, shapes)
+    counters.clear()
+    got, _ = run(compiled, config, torch.float64, 6, shapes)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert sum(counters["graph_break"].values()) == 0
+    want, _ = run(dash_fn.step, config, torch.float64, 6, shapes)
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-8, msg=k)
 

@@ -246,10 +246,9 @@ def test_two_compiled_optimizers_on_different_models_in_one_process():
     """Dynamo caches graphs per function: the second model's plan must not turn symbolic."""
     for shapes in ({"w": (12, 10), "s": (8, 8), "b": (10,)}, {"u": (6, 9), "v": (4, 6), "c": (4,)}):
         params = {k: torch.nn.Parameter(v) for k, v in mixed_params(shapes=shapes).items()}
-        opt = dash_fn.DASH(params.values(), lr=0.01, compile={"backend": "aot_eager"}, block_size=16, solver="eigh")
-        eager = dash_fn.DASH(
-            [torch.nn.Parameter(p.detach().clone()) for p in params.values()], lr=0.01, block_size=16, solver="eigh"
-        )
+        options = dict(lr=0.01, block_size=16, solver="eigh", refresh_schedule="staggered")  # eager as compiled
+        opt = dash_fn.DASH(params.values(), compile={"backend": "aot_eager"}, **options)
+        eager = dash_fn.DASH([torch.nn.Parameter(p.detach().clone()) for p in params.values()], **options)
         for t in range(1, 3):
             set_grads(params, random_grads(params, t))
             for p, q in zip(params.values(), eager.param_groups[0]["params"]):
@@ -469,7 +468,9 @@ def test_compiled_groups_of_different_shapes_have_graphs_of_their_own():
             {"params": [torch.nn.Parameter(v) for v in mixed_params(shapes=s).values()], "lr": 0.01 * (i + 1)}
             for i, s in enumerate(shapes)
         ]
-        opt = dash_fn.DASH(groups, compile=compile, block_size=16, solver="eigh", inv_root_freq=2)
+        opt = dash_fn.DASH(
+            groups, compile=compile, block_size=16, solver="eigh", inv_root_freq=2, refresh_schedule="staggered"
+        )
         with torch._dynamo.config.patch(recompile_limit=1):
             for t in range(1, 3):
                 for group in groups:

@@ -96,7 +96,9 @@ def test_a_chunked_refresh_compiles_inside_the_step(chunked):
     apart, and eps = 1e-10 in float32 turns that rounding difference into 1e-2 differences of
     the parameters (as between eager and Inductor: test_compile_step)."""
     params = mixed_params(torch.float64)
-    config = dash_fn.DashConfig(block_size=16, solver="eigh", inv_root_freq=2, eps=1e-6)  # eigh: a small graph
+    config = dash_fn.DashConfig(
+        block_size=16, solver="eigh", inv_root_freq=2, eps=1e-6, refresh_schedule="periodic"
+    )  # eigh: a small graph; periodic: whole stacks, chunked
     runs = []
     for step in (dash_fn.step, torch.compile(dash_fn.step, fullgraph=True, backend="aot_eager")):
         p, state = params, dash_fn.init(params, config)

@@ -166,11 +166,13 @@ def main(argv: list[str] | None = None) -> None:
         "--modes", nargs="+", default=["eager", "compiled"], choices=["eager", "compiled"], help="step kinds to time"
     )
     parser.add_argument("--ddp", action=argparse.BooleanOptionalAction, default=True, help="W = 2 eager runs too")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads (one process)")
     parser.add_argument("--quick", action="store_true", help="d 64, block 16, 20 steps: a smoke run")
     parser.add_argument("--out", default="benchmarks/results", help="directory for stagger_steps.json and .png")
     args = parser.parse_args(argv)
     if args.quick:
         args.d, args.block_size, args.steps = 64, 16, 20
+    torch.set_num_threads(args.threads)
     print(f"3 x Linear({args.d}, {args.d}), block {args.block_size}, eigh, f = {args.freq}; {machine_line()}\n")
     results = {}
     for mode in args.modes:

@@ -13,9 +13,9 @@ or not (the state's ``step + skipped``), and picks each step's refresh flag
 (:func:`dash_fn.is_refresh_step`), so eager and compiled steps on every device follow one
 schedule with no device read (the staggered schedule takes no flag: one compiled graph;
 ``refresh_schedule="auto"`` is staggered when compiled or off the CPU). A step skipped for
-non-finite gradients does not advance the
-state's own counter (its bias corrections), and on a refresh step it still refreshes the roots,
-from the factors it left unchanged (:mod:`dash_fn.guard`).
+non-finite gradients does not advance the state's own counter (its bias corrections), and on a
+periodic refresh step it still refreshes the roots, from the factors it left unchanged
+(:mod:`dash_fn.guard`).
 """
 
 from __future__ import annotations

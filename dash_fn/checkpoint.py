@@ -29,6 +29,7 @@ flipped byte in tensor data loads silently.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import zlib
 from collections.abc import Mapping, Sequence
@@ -36,7 +37,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from tensordict import TensorDict
 
-from .config import DashConfig
+from .config import STORAGE_FIELDS, DashConfig
 from .distributed import process_group_info
 from .inputs import flatten
 from .roots import resolve_solver
@@ -87,9 +88,10 @@ def read_config(blob, where: str = "checkpoint") -> DashConfig:
         if name not in CONFIG_FIELDS:
             raise ValueError(f"{where}: config has unknown field {name!r} (written by another dash_fn version?)")
     # A field the writer did not know yet takes its default, the behaviour the writer had; but
-    # for the refresh schedule, whose default became "auto" after every writer had "periodic".
+    # for the refresh schedule, whose default became "auto" after every writer had "periodic",
+    # and thin blocks, two-sided in every writer before thin_ratio.
     try:
-        return DashConfig(**{"refresh_schedule": "periodic", **config})
+        return DashConfig(**{"refresh_schedule": "periodic", "thin_ratio": math.inf, **config})
     except (TypeError, ValueError) as error:
         raise ValueError(f"{where}: invalid config: {error}") from None
 
@@ -150,10 +152,13 @@ def with_config(state: TensorDict, config: DashConfig, where: str = "state") -> 
 
 def check_layout(found: DashConfig, expected: DashConfig, where: str, found_in: str = "the checkpoint") -> None:
     """Raise unless two configs give the state the same tensors: the blocking (block_size,
-    one_dim) and which optional moments exist (Gt iff beta_G > 0, M iff mu > 0)."""
+    one_dim, thin_ratio), which optional moments exist (Gt iff beta_G > 0, M iff mu > 0) and
+    the storage dtypes."""
     for name, f, e in (
         ("block_size", found.block_size, expected.block_size),
         ("one_dim", found.one_dim, expected.one_dim),
+        ("thin_ratio", found.thin_ratio, expected.thin_ratio),
+        *((name, getattr(found, name), getattr(expected, name)) for name in STORAGE_FIELDS),
         ("beta_G > 0", found.beta_G > 0, expected.beta_G > 0),
         ("mu > 0", found.mu > 0, expected.mu > 0),
         ("fsdp_blocks", found.fsdp_blocks, expected.fsdp_blocks),

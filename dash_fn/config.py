@@ -17,6 +17,7 @@ GRAFTINGS = ("adam", "adagrad")
 ONE_DIM = ("adamw", "shampoo")
 REFRESH_SCHEDULES = ("auto", "periodic", "staggered")
 DTYPES = ("float32", "bfloat16", "float16")
+STORAGE_FIELDS = ("factor_dtype", "root_dtype", "grad_ema_dtype", "graft_dtype")
 
 
 @dataclass(frozen=True)
@@ -88,11 +89,27 @@ class DashConfig:
         ``weight_decay_1d`` = None, None or >= 0: decoupled decay of vectors; None follows
             weight_decay (see ``vector_decay``), 0.0 leaves biases and norms undecayed.
 
+    Thin blocks:
+        ``thin_ratio`` = 4.0, > 1 or math.inf: a block whose long side is at least this many
+            times its short side (an embedding's or a thin projection's, at the block size)
+            keeps a full factor on its short side only; its long side is preconditioned by a
+            diagonal factor read from the grafting moment, at no extra state (2.5). An
+            nn.Embedding(32000, 64) at block 256 then holds 10 bytes of state per parameter
+            instead of 42. math.inf keeps every block two-sided. Fixes the state's layout.
+
     Vectors:
         ``one_dim`` = "adamw": vectors by "adamw" (elementwise) or "shampoo" (one-sided
             Shampoo segments of block_size). Fixes the state's layout.
         ``adamw_beta1`` = 0.9 and ``adamw_beta2`` = 0.95, in [0, 1), and ``adamw_eps`` =
             1e-8, > 0: AdamW's betas and eps for vectors.
+
+    Storage (3.5; None keeps the state dtype, float32 for float32 parameters):
+        ``factor_dtype``, ``root_dtype``, ``grad_ema_dtype``, ``graft_dtype`` = None: None,
+            "float32", "bfloat16" or "float16", the dtype in which the factors ``F``, the
+            inverse roots ``Fbar``, the gradient EMA ``Gt`` and the grafting moment ``A`` are
+            kept. Computed in the state dtype, rounded once when written: "bfloat16" roots and
+            gradient EMA halve those kinds (docs/ALGORITHM.md 3.5 says which tolerate it).
+            Fixes the state's layout.
 
     Distributed:
         ``comm_dtype`` = None: None (directions travel in the state dtype, exactly) or
@@ -144,12 +161,17 @@ class DashConfig:
     nesterov: bool = True
     weight_decay: float = 0.0
     weight_decay_1d: float | None = None  # None: vectors decay with weight_decay, as in torch.optim
+    thin_ratio: float = 4.0
     one_dim: str = "adamw"
     adamw_beta1: float = 0.9
     adamw_beta2: float = 0.95
     adamw_eps: float = 1e-8
     comm_dtype: str | None = None  # distributed directions travel in the state dtype, or "bfloat16"
     fsdp_blocks: str = "exact"  # FSDP2 shards: blocks as in one process ("exact") or cut at shard edges ("local")
+    factor_dtype: str | None = None  # storage dtypes (dash_fn.storage); None: the state dtype
+    root_dtype: str | None = None
+    grad_ema_dtype: str | None = None
+    graft_dtype: str | None = None
     skip_nonfinite: bool = True  # a step with a NaN/Inf gradient (or an overflowing factor product) changes nothing
 
     def __post_init__(self) -> None:
@@ -172,7 +194,12 @@ class DashConfig:
         _check_choice(self, "matmul_dtype", DTYPES)
         _check_choice(self, "scaling_dtype", ("float32", "float64"))
         _check_choice(self, "comm_dtype", (None, "bfloat16"))
+        for name in STORAGE_FIELDS:
+            _check_choice(self, name, (None, *DTYPES))
         _check_choice(self, "fsdp_blocks", ("exact", "local"))
+        t = self.thin_ratio
+        if not (t == math.inf or (isinstance(t, (int, float)) and not isinstance(t, bool) and 1 < t < math.inf)):
+            raise ValueError(f"DashConfig.thin_ratio must be a number > 1 or math.inf, got {t!r}")
         for name in ("eps", "eps_power_iter", "weight_decay", "mu"):
             _check_float(self, name, 0.0, math.inf, "[0, inf)")
         if self.weight_decay_1d is not None:

@@ -28,6 +28,7 @@ from .config import DashConfig
 from .roots.eigh import pad_aligned, spectral_root
 from .roots.identity import shifted
 from .roots.matmul import aligned_width, stacked_matmul
+from .storage import stored_dtype
 
 
 def all_true(flags: torch.Tensor) -> bool:
@@ -59,7 +60,10 @@ def products_bounded(vectors: Sequence[torch.Tensor], blocks: Sequence[torch.Ten
 def fuses_factor_emas(config: DashConfig, shard, vectors, blocks) -> bool:
     """Whether this step's factor EMAs run inside their products: always without the
     non-finite guard, else when no product can overflow (the bound agreed by every rank), so
-    that a finite bound stands for the products' finiteness check."""
+    that a finite bound stands for the products' finiteness check; never into factors kept in
+    a narrower dtype (:mod:`dash_fn.storage`), which are updated in the state dtype."""
+    if stored_dtype(config, "F", shard.local.dtype) != shard.local.dtype:
+        return False
     if not config.skip_nonfinite:
         return True
     return bool(shard.all_ranks(products_bounded(vectors, blocks)))
@@ -84,7 +88,8 @@ def factor_ema_in_product(F: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bet
 
 def fused_adam_applies(config: DashConfig, entry, G: torch.Tensor) -> bool:
     """Whether :func:`fused_adam_direction` serves this group: Adam grafting with a gradient
-    EMA and bias correction (the defaults), blocks of whole 64-byte vectors, contiguous state.
+    EMA and bias correction (the defaults), blocks of whole 64-byte vectors, contiguous state
+    in the state dtype.
 
     The kernel walks its tensors as flat arrays in vectors of 64 bytes with scalar code for the
     rest, which rounds differently: with whole vectors per block every entry takes the vector
@@ -94,7 +99,8 @@ def fused_adam_applies(config: DashConfig, entry, G: torch.Tensor) -> bool:
         return False
     block_entries = G.shape[-2] * G.shape[-1]
     whole_vectors = aligned_width(block_entries, G.dtype) == block_entries
-    return whole_vectors and entry["A"].is_contiguous() and entry["Gt"].is_contiguous()
+    stored = [entry["A"], entry["Gt"]]
+    return whole_vectors and all(x.is_contiguous() and x.dtype == G.dtype for x in stored)
 
 
 def fused_adam_direction(

@@ -425,11 +425,10 @@ def owned_slices(state, names: set[str]) -> list[torch.Tensor]:
         for g, start, stop in shard.owned_ranges(index):
             views += [x[start:stop] for x in state["groups", str(g)].values()]
             group = local.groups[g]
-            for side in (group.left, group.right):
-                if side is not None:  # block offset + i has its factors at side.offset + offset + i
-                    views += [
-                        x[side.offset + start : side.offset + stop] for x in state["factors", str(side.stack)].values()
-                    ]
+            for side in group.factor_sides:  # block offset + i has its factors at side.offset + offset + i
+                views += [
+                    x[side.offset + start : side.offset + stop] for x in state["factors", str(side.stack)].values()
+                ]
         if p.kind == ADAMW and p.numel:
             views += [x[p.flat_offset : p.flat_offset + p.numel] for x in state["adamw"].values()]
     return views

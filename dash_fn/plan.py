@@ -8,8 +8,11 @@ corner). Blocks of equal shape across all parameters form one *block group*, sta
 Each group's left factors (and then its right factors) occupy one contiguous slice of the
 *factor stack* of their size, so one batched solver call per factor size refreshes every root.
 
-A vector under one-sided Shampoo is an (n, 1) matrix cut only along its rows. Vectors under
-AdamW live in one flat buffer.
+A vector under one-sided Shampoo is an (n, 1) matrix cut only along its rows. A *thin* block,
+whose long side is at least ``thin_ratio`` times its short side (an embedding's, a thin
+projection's), keeps a full factor on its short side only; its long side is preconditioned by
+a diagonal read from the grafting moment (section 2.5). Vectors under AdamW live in one flat
+buffer.
 
 The plan is plain frozen data: it is hashable, stored in the state, and a constant to
 torch.compile. ``gather`` and ``scatter`` are exact inverses (only views, slices, reshapes).
@@ -17,12 +20,17 @@ torch.compile. ``gather`` and ``scatter`` are exact inverses (only views, slices
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 MATRIX, SEGMENTS, ADAMW, EMPTY = "matrix", "segments", "adamw", "empty"
+# the factors of a block: full on both sides; full on the left only (vector segments, root
+# order 2); full on the short side with a diagonal long side (thin blocks, 2.5): tall blocks
+# (rows long) keep R, wide blocks (columns long) keep L
+BOTH, LEFT, TALL, WIDE = "both", "left", "tall", "wide"
 
 
 @dataclass(frozen=True)
@@ -75,10 +83,26 @@ class BlockGroup:
 
     rows: int
     cols: int
-    one_sided: bool
+    sides: str  # BOTH, LEFT (segments), TALL or WIDE (thin blocks)
     count: int
-    left: FactorSlice
-    right: FactorSlice | None  # None for one-sided groups
+    left: FactorSlice | None  # None where only the right side has a factor
+    right: FactorSlice | None  # None where only the left side has a factor
+
+    @property
+    def order(self) -> int:
+        """p of the roots: 2 for one-sided segments, 4 for every matrix block."""
+        return 2 if self.sides == LEFT else 4
+
+    @property
+    def diagonal_dim(self) -> int | None:
+        """The dim over which a thin block's long-side diagonal factor sums the grafting moment
+        (-1: each row of a tall block, -2: each column of a wide one); None for other blocks."""
+        return {TALL: -1, WIDE: -2}.get(self.sides)
+
+    @property
+    def factor_sides(self) -> list[FactorSlice]:
+        """The slices holding this group's factors, left before right."""
+        return [side for side in (self.left, self.right) if side is not None]
 
 
 @dataclass(frozen=True)
@@ -86,7 +110,7 @@ class FactorStack:
     """Factors of one size and root order, stacked as (count, size, size)."""
 
     size: int
-    order: int  # p: 4 for two-sided blocks, 2 for one-sided segments
+    order: int  # p: 4 for matrix blocks, 2 for one-sided segments
     count: int
 
 
@@ -100,6 +124,7 @@ class Plan:
     groups: tuple[BlockGroup, ...]
     factors: tuple[FactorStack, ...]
     adamw_numel: int
+    thin_ratio: float = math.inf  # blocks this elongated get a factor on their short side only
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -152,13 +177,15 @@ def make_plan(
     block_size: int,
     one_dim: str,
     batch_dims: Mapping[str, int] | None = None,
+    thin_ratio: float = math.inf,
 ) -> Plan:
     """Build the plan for parameters given as (name, shape, dtype) in canonical order;
-    ``batch_dims[name] = k`` makes a parameter's leading k dims index independent matrices."""
+    ``batch_dims[name] = k`` makes a parameter's leading k dims index independent matrices;
+    blocks whose long side is at least ``thin_ratio`` times the short one are thin (2.5)."""
     batch_dims = batch_dims or {}
-    group_index: dict[tuple[int, int, bool], int] = {}
+    group_index: dict[tuple[int, int, str], int] = {}
     group_counts: list[int] = []
-    group_keys: list[tuple[int, int, bool]] = []
+    group_keys: list[tuple[int, int, str]] = []
     params = []
     adamw_numel = 0
     for name, shape, dtype in shapes:
@@ -168,13 +195,13 @@ def make_plan(
             kind = SEGMENTS if one_dim == "shampoo" else ADAMW
         regions = []
         if kind in (MATRIX, SEGMENTS):
-            one_sided = kind == SEGMENTS
             rows = R // count  # of each matrix
-            col_parts = [(0, 1, 1)] if one_sided else _parts(C, block_size)
+            col_parts = [(0, 1, 1)] if kind == SEGMENTS else _parts(C, block_size)
             for first_row in range(0, R, rows):
                 for row_start, n_rows, block_rows in _parts(rows, block_size):
                     for col_start, n_cols, block_cols in col_parts:
-                        key = (block_rows, block_cols, one_sided)
+                        sides = LEFT if kind == SEGMENTS else factored_sides(block_rows, block_cols, thin_ratio)
+                        key = (block_rows, block_cols, sides)
                         if key not in group_index:
                             group_index[key] = len(group_keys)
                             group_keys.append(key)
@@ -198,15 +225,25 @@ def make_plan(
             adamw_numel += R
 
     groups = lay_out_factors(
-        [(rows, cols, one_sided, count) for (rows, cols, one_sided), count in zip(group_keys, group_counts)]
+        [(rows, cols, sides, count) for (rows, cols, sides), count in zip(group_keys, group_counts)]
     )
     factors = stack_sizes(groups)
     dtype = torch.float64 if any(dtype == torch.float64 for _, _, dtype in shapes) else torch.float32
-    return Plan(block_size, dtype, tuple(params), groups, factors, adamw_numel)
+    return Plan(block_size, dtype, tuple(params), groups, factors, adamw_numel, thin_ratio)
 
 
-def lay_out_factors(groups: Sequence[tuple[int, int, bool, int]]) -> tuple[BlockGroup, ...]:
-    """Block groups given as (rows, cols, one_sided, count), with their factors placed.
+def factored_sides(rows: int, cols: int, thin_ratio: float) -> str:
+    """Which sides of a ``rows x cols`` matrix block get a full factor: both, or only the short
+    side of a block whose long side is at least ``thin_ratio`` times as long (2.5)."""
+    if rows >= thin_ratio * cols:
+        return TALL
+    if cols >= thin_ratio * rows:
+        return WIDE
+    return BOTH
+
+
+def lay_out_factors(groups: Sequence[tuple[int, int, str, int]]) -> tuple[BlockGroup, ...]:
+    """Block groups given as (rows, cols, sides, count), with their factors placed.
 
     Factor stacks are keyed by (size, order) and numbered in order of first appearance (even
     with count 0, so a rank's partial layout numbers its stacks as the whole one does); a
@@ -223,10 +260,11 @@ def lay_out_factors(groups: Sequence[tuple[int, int, bool, int]]) -> tuple[Block
         return FactorSlice(k, stack_counts[k] - count)
 
     placed = []
-    for rows, cols, one_sided, count in groups:
-        left = take(rows, 2 if one_sided else 4, count)
-        right = None if one_sided else take(cols, 4, count)
-        placed.append(BlockGroup(rows, cols, one_sided, count, left, right))
+    for rows, cols, sides, count in groups:
+        order = 2 if sides == LEFT else 4
+        left = take(rows, order, count) if sides in (BOTH, LEFT, WIDE) else None
+        right = take(cols, order, count) if sides in (BOTH, TALL) else None
+        placed.append(BlockGroup(rows, cols, sides, count, left, right))
     return tuple(placed)
 
 
@@ -234,11 +272,10 @@ def stack_sizes(groups: Sequence[BlockGroup]) -> tuple[FactorStack, ...]:
     """The factor stacks that ``groups`` fill: size, order and count of each, by stack index."""
     stacks: dict[int, FactorStack] = {}
     for group in groups:
-        order = 2 if group.one_sided else 4
         for side, size in ((group.left, group.rows), (group.right, group.cols)):
             if side is not None:
-                old = stacks.get(side.stack, FactorStack(size, order, 0))
-                stacks[side.stack] = FactorStack(size, order, old.count + group.count)
+                old = stacks.get(side.stack, FactorStack(size, group.order, 0))
+                stacks[side.stack] = FactorStack(size, group.order, old.count + group.count)
     return tuple(stacks[k] for k in range(len(stacks)))
 
 

@@ -106,7 +106,7 @@ def stagger_tables(plan: Plan, shard, period: int, device) -> dict:
     phases: list[list[int]] = [[0] * stack.count for stack in local.factors]
     numbers_of_groups = block_numbers(plan, shard)
     for group, numbers in zip(local.groups, numbers_of_groups):
-        for side in _sides(group):
+        for side in group.factor_sides:
             for q, n in enumerate(numbers):
                 phases[side.stack][side.offset + q] = n % period
     # phases past the last block's number (period > blocks) have no block: rows up to it suffice
@@ -150,7 +150,3 @@ def _group_starts(groups: tuple[BlockGroup, ...]) -> list[int]:
         starts.append(total)
         total += group.count
     return starts
-
-
-def _sides(group: BlockGroup):
-    return [group.left] if group.right is None else [group.left, group.right]

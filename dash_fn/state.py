@@ -17,6 +17,7 @@ from .inputs import check_params, flatten
 from .plan import Plan, make_plan
 from .roots import resolve_solver, start_vectors, uses_start_vectors
 from .schedule import SCHEDULE_KEY, stagger_tables, staggers
+from .storage import stored_dtype
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
@@ -47,7 +48,8 @@ def init(
     the DTensors (or their local shards). ``config.fsdp_blocks`` picks exact blocks (as one
     process, the default) or blocks cut at shard edges (no communication; results depend on W).
 
-    Layout (all tensors in the plan's dtype, on the params' device)::
+    Layout (all tensors in the plan's dtype, on the params' device, except where the config's
+    storage dtypes narrow F, Fbar, Gt or A: :mod:`dash_fn.storage`)::
 
         step                      int64 0-d, the number of steps taken
         skipped                   int64 0-d, steps skipped for non-finite gradients (DashConfig.skip_nonfinite)
@@ -108,7 +110,7 @@ def make_state(
 ) -> TensorDict:
     """The initial state for parameters given as (name, shape, dtype), for one rank of W whose
     parameters are whole (``sharding="replicated"``) or FSDP2 row shards (``"fsdp"``)."""
-    plan = make_plan(specs, config.block_size, config.one_dim, batch_dims)
+    plan = make_plan(specs, config.block_size, config.one_dim, batch_dims, config.thin_ratio)
     shard: Shard | FsdpShard
     if sharding == "fsdp":
         shard = make_fsdp_shard(plan, rank, world_size, group_name, config.fsdp_blocks, config.one_dim)
@@ -166,23 +168,24 @@ def check_batch_dims(batch_dims: Mapping[str, int] | None, specs) -> dict[str, i
 
 
 def _layout(plan: Plan, config: DashConfig, device: torch.device) -> dict:
-    def zeros(*shape):
-        return torch.zeros(shape, dtype=plan.dtype, device=device)
+    def zeros(*shape, key=None):
+        dtype = plan.dtype if key is None else stored_dtype(config, key, plan.dtype)
+        return torch.zeros(shape, dtype=dtype, device=device)
 
     groups = {}
     for g, group in enumerate(plan.groups):
         shape = (group.count, group.rows, group.cols)
-        entry = {"A": zeros(*shape)}
+        entry = {"A": zeros(*shape, key="A")}
         if config.beta_G > 0:
-            entry["Gt"] = zeros(*shape)
+            entry["Gt"] = zeros(*shape, key="Gt")
         if config.mu > 0:
             entry["M"] = zeros(*shape)
         groups[str(g)] = entry
     factors = {}
     for k, stack in enumerate(plan.factors):
-        eye = torch.eye(stack.size, dtype=plan.dtype, device=device)
+        eye = torch.eye(stack.size, dtype=stored_dtype(config, "Fbar", plan.dtype), device=device)
         factors[str(k)] = {
-            "F": zeros(stack.count, stack.size, stack.size),
+            "F": zeros(stack.count, stack.size, stack.size, key="F"),
             "Fbar": eye.repeat(stack.count, 1, 1),  # roots start at I (contiguous even when empty)
             "fallbacks": torch.zeros(stack.count, dtype=torch.int64, device=device),
         }

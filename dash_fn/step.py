@@ -19,6 +19,7 @@ from .plan import ADAMW, EMPTY, SEGMENTS, Plan
 from .roots import refresh_roots
 from .roots.matmul import stacked_matmul
 from .schedule import SCHEDULE_KEY, due_slice, has_root, is_refresh_step, resolve
+from .storage import ema_
 from .strategy import Strategy, for_device
 
 __all__ = ["step", "is_refresh_step"]
@@ -141,10 +142,8 @@ def _factor_products(group, G: torch.Tensor, fuse: bool) -> list:
     """``(factor slice, G G^T)`` and, two-sided, ``(factor slice, G^T G)`` of a block stack
     (with ``fuse``, where :func:`dash_fn.cpu.factor_operands` says so, the product's operands
     instead, which :func:`_factor_emas` multiplies into the factor)."""
-    sides = [(group.left, G, G.mT)]
-    if group.right is not None:
-        sides.append((group.right, G.mT, G))
-    return [(side, cpu.factor_operands(a, b) if fuse else stacked_matmul(a, b)) for side, a, b in sides]
+    sides = [(group.left, G, G.mT), (group.right, G.mT, G)]
+    return [(side, cpu.factor_operands(a, b) if fuse else stacked_matmul(a, b)) for side, a, b in sides if side]
 
 
 def _bias_corrections(config: DashConfig, plan: Plan, t: torch.Tensor) -> dict:
@@ -192,16 +191,17 @@ def _factor_emas(plan: Plan, config: DashConfig, state: TensorDict, products, ok
     for group, sides in zip(plan.groups, products):
         for side, X in sides:
             F = state["factors", str(side.stack), "F"][side.offset : side.offset + group.count]
-            if isinstance(X, tuple):  # the product's operands (dash_fn.cpu)
+            if isinstance(X, tuple):  # the product's operands (dash_fn.cpu; F kept in the working dtype)
                 a, b = X
                 cpu.factor_ema_in_product(F, a, b, config.beta_LR)
             elif config.beta_LR < 1:
                 # one write to the slice: Inductor turns each in-place op on a slice into a
                 # masked scatter over the whole stack, and two of them per side into a nest of
-                # masked loads (same bits as F.mul_(beta).add_(X, alpha))
-                F.copy_(torch.add(F * guard.gate(ok, config.beta_LR, dtype), X, alpha=1 - config.beta_LR))
+                # masked loads (same bits as F.mul_(beta).add_(X, alpha)); a narrow F is widened
+                # for the arithmetic and rounded once, when written
+                F.copy_(torch.add(F.to(dtype) * guard.gate(ok, config.beta_LR, dtype), X, alpha=1 - config.beta_LR))
             else:
-                F.add_(X)
+                F.copy_(F.to(dtype) + X)
 
 
 def _adam_direction(
@@ -212,18 +212,18 @@ def _adam_direction(
     (eager on the CPU, unguarded, in one pass: :func:`dash_fn.cpu.fused_adam_direction`)."""
     if strategy.host_reads and ok is None and cpu.fused_adam_applies(config, entry, G):
         return cpu.fused_adam_direction(config, entry, G, t)
-    A = entry["A"]
-    dtype = A.dtype
+    dtype = G.dtype
     # squares as G * G, not addcmul: AOTAutograd decomposes addcmul into an fma, which rounds
-    # otherwise, and the compiled step would not give eager's bits
+    # otherwise, and the compiled step would not give eager's bits; a narrow A or Gt is updated
+    # in the state dtype and rounded when stored (dash_fn.storage)
     if config.grafting == "adam":
-        A.mul_(guard.gate(ok, config.beta_graft, dtype)).add_(G * G, alpha=1 - config.beta_graft)
+        A = ema_(entry["A"], guard.gate(ok, config.beta_graft, dtype), G * G, 1 - config.beta_graft)
     else:
-        A.add_(G * G)
+        A = ema_(entry["A"], 1.0, G * G, 1.0)
     Gt, cG = G, None
     if config.beta_G > 0:
-        Gt, cG = entry["Gt"], corrections["G"]
-        Gt.mul_(guard.gate(ok, config.beta_G, dtype)).add_(guard.masked(ok, G, -0.0), alpha=1 - config.beta_G)
+        decay = guard.gate(ok, config.beta_G, dtype)
+        Gt, cG = ema_(entry["Gt"], decay, guard.masked(ok, G, -0.0), 1 - config.beta_G), corrections["G"]
     # D = (Gt / cG) / (sqrt(A) / sqrt(cA) + eps), op for op, in place on its two temporaries
     denom = A.sqrt()
     if corrections["A"] is not None:
@@ -236,7 +236,7 @@ def _adam_direction(
 def _refresh(strategy: Strategy, plan: Plan, config: DashConfig, state: TensorDict, t, refresh, ok) -> None:
     """Recompute every root stack (d) on the caller's flag (a skipped step's from its unchanged
     factors), or, with ``refresh=None`` under host reads, when the counter ``t`` says so."""
-    F = [state["factors", str(k), "F"] for k in range(len(plan.factors))]
+    F = [state["factors", str(k), "F"].to(plan.dtype) for k in range(len(plan.factors))]
     Fbar = [state["factors", str(k), "Fbar"] for k in range(len(plan.factors))]
     start = [
         state["start_vectors", str(stack.size)] if "start_vectors" in state.keys() else None for stack in plan.factors
@@ -250,7 +250,7 @@ def _refresh(strategy: Strategy, plan: Plan, config: DashConfig, state: TensorDi
         if not cpu.all_true(due):
             return
     for k, (stack, V0) in enumerate(zip(plan.factors, start)):
-        roots, fell_back = refresh_roots(F[k], Fbar[k], stack.order, config, V0, strategy)
+        roots, fell_back = refresh_roots(F[k], Fbar[k].to(plan.dtype), stack.order, config, V0, strategy)
         Fbar[k].copy_(roots)
         state["factors", str(k), "fallbacks"].add_(fell_back)
 
@@ -270,11 +270,12 @@ def _refresh_slices(strategy: Strategy, plan: Plan, config: DashConfig, state: T
                 continue
             positions = positions[: int((positions != positions[-1]).sum()) + 1]
         V0 = state["start_vectors", str(stack.size)] if "start_vectors" in state.keys() else None
-        old = entry["Fbar"].index_select(0, positions)
-        roots, fell_back = refresh_roots(entry["F"].index_select(0, positions), old, stack.order, config, V0, strategy)
+        old = entry["Fbar"].index_select(0, positions).to(plan.dtype)
+        F = entry["F"].index_select(0, positions).to(plan.dtype)
+        roots, fell_back = refresh_roots(F, old, stack.order, config, V0, strategy)
         if not strategy.host_reads:  # (with host reads every position is due here)
             roots = torch.where(due[:, None, None], roots, old)
-        entry["Fbar"].index_copy_(0, positions, roots)
+        entry["Fbar"].index_copy_(0, positions, roots.to(entry["Fbar"].dtype))
         fallbacks = entry["fallbacks"]
         fallbacks.index_copy_(0, positions, fallbacks.index_select(0, positions) + (fell_back & due))
 
@@ -311,20 +312,34 @@ def _direction(
     if s == math.inf:
         return D
     group = plan.groups[g]
-    left = state["factors", str(group.left.stack), "Fbar"][group.left.offset : group.left.offset + group.count]
-    U = stacked_matmul(left, Gt)
+
+    def roots(side):  # widened to the state dtype (dash_fn.storage)
+        return state["factors", str(side.stack), "Fbar"][side.offset : side.offset + group.count].to(plan.dtype)
+
+    U = Gt
+    if group.left is not None:
+        U = stacked_matmul(roots(group.left), U)
     if group.right is not None:
-        U = stacked_matmul(
-            U, state["factors", str(group.right.stack), "Fbar"][group.right.offset : group.right.offset + group.count]
-        )
+        U = stacked_matmul(U, roots(group.right))
+    if group.diagonal_dim is not None:  # a thin block's long side (docs/ALGORITHM.md 2.5)
+        U = U * _diagonal_root(state["groups", str(g), "A"].to(plan.dtype), group.diagonal_dim, config.eps)
     graft = torch.linalg.vector_norm(D, dim=(-2, -1), keepdim=True)
     P = U.mul_(graft / (_block_norm(strategy, U) + 1e-16))  # U: this step's own product
     if staggered:  # a block's Adam direction until its first refresh
-        ready = has_root(state[SCHEDULE_KEY, str(group.left.stack)], group.left.offset, group.count, t, config)
+        side = group.factor_sides[0]
+        ready = has_root(state[SCHEDULE_KEY, str(side.stack)], side.offset, group.count, t, config)
         if strategy.host_reads and cpu.all_true(ready):  # every block past its first refresh
             return P
         return torch.where(ready[:, None, None], P, D)
     return P if s == 1 else torch.where(t >= s, P, D)
+
+
+def _diagonal_root(A: torch.Tensor, dim: int, eps: float) -> torch.Tensor:
+    """``(d + eps)^(-1/4)`` of the long side's diagonal factor d: the grafting moment summed
+    over ``dim``, which is diag(G G^T)'s EMA (tall blocks; diag(G^T G)'s for wide ones) at the
+    grafting moment's decay; 0 where d = 0 (a row that never had a gradient gets no update)."""
+    d = A.sum(dim, keepdim=True)
+    return torch.where(d > 0, (d + eps).pow(-0.25), torch.zeros_like(d))
 
 
 def _momentum(config: DashConfig, M: torch.Tensor, P: torch.Tensor, ok) -> torch.Tensor:

@@ -51,6 +51,10 @@ SCENARIOS = {
         ),
     ),
 }
+SCENARIOS["storage"] = (  # every kind kept in 16 bits (dash_fn.storage)
+    lambda: mixed_params(),
+    dash_fn.DashConfig(block_size=8, solver="ndb", **dict.fromkeys(dash_fn.config.STORAGE_FIELDS, "bfloat16")),
+)
 BATCH_DIMS = {"moe": {"experts": 1}}  # five experts, each its own matrix
 SCENARIOS["skips"] = (lambda: mixed_params(), dash_fn.DashConfig(block_size=8, solver="eigh", inv_root_freq=2, mu=0.5))
 

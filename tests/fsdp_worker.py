@@ -41,6 +41,9 @@ SCENARIOS = {
     "staggered": dash_fn.DashConfig(
         block_size=6, solver="ndb", inv_root_freq=3, start_prec_step=2, mu=0.5, refresh_schedule="staggered"
     ),
+    "storage": dash_fn.DashConfig(  # every kind kept in 16 bits (dash_fn.storage)
+        block_size=8, solver="ndb", inv_root_freq=2, **dict.fromkeys(dash_fn.config.STORAGE_FIELDS, "bfloat16")
+    ),
 }
 ADAPTER = dict(lr=1e-2, block_size=8, solver="eigh", mu=0.5, weight_decay=0.01)
 

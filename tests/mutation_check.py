@@ -35,6 +35,34 @@ class Mutation:
 
 MUTATIONS = [
     Mutation(
+        "storage: a narrow EMA rounded twice (decayed in place, then added)",
+        "dash_fn/storage.py",
+        "return x.copy_(torch.add(x.to(update.dtype) * decay, update, alpha=alpha)).to(update.dtype)",
+        "return x.mul_(decay).add_(update, alpha=alpha).to(update.dtype)",
+        ("tests/test_storage.py",),
+    ),
+    Mutation(
+        "storage: a narrow factor EMA rounded twice",
+        "dash_fn/step.py",
+        "F.copy_(torch.add(F.to(dtype) * guard.gate(ok, config.beta_LR, dtype), X, alpha=1 - config.beta_LR))",
+        "F.mul_(guard.gate(ok, config.beta_LR, dtype)).add_(X, alpha=1 - config.beta_LR)",
+        ("tests/test_storage.py",),
+    ),
+    Mutation(
+        "thin: a tall block's full factor on its long side",
+        "dash_fn/plan.py",
+        "    if rows >= thin_ratio * cols:\n        return TALL",
+        "    if rows >= thin_ratio * cols:\n        return WIDE",
+        ("tests/test_thin.py",),
+    ),
+    Mutation(
+        "thin: the long side's diagonal root of order 2",
+        "dash_fn/step.py",
+        "(d + eps).pow(-0.25)",
+        "(d + eps).pow(-0.5)",
+        ("tests/test_thin.py", "-k", "reference"),
+    ),
+    Mutation(
         "schedule: each rank numbers its own blocks (phases depend on the world size)",
         "dash_fn/schedule.py",
         'if getattr(shard, "mode", "exact") == "local":',

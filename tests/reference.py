@@ -2,7 +2,10 @@
 
 Written independently of dash_fn's code: no stacking, no shared helpers; loops over parameters
 and blocks, one small dict of state per block, everything in float64. Only the DashConfig
-(plain data) is shared. Root solvers: eigh with the four heuristics.
+(plain data) is shared. Root solvers: eigh with the four heuristics. Storage dtypes: each kept
+kind is rounded to its dtype whenever it is assigned (and used as rounded). Thin blocks (long
+side >= thin_ratio x short side) keep a full factor on their short side only (p = 4) and scale
+their long side by (d + eps)^(-1/4), d the grafting moment's sums along the short side.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ class ReferenceDash:
                 C = W.numel() // R
                 st["view"] = (R, C)
                 st["blocks"] = [
-                    self._new_block(r1 - r0, c1 - c0, (r0, r1, c0, c1), two_sided=True)
+                    self._new_block(r1 - r0, c1 - c0, (r0, r1, c0, c1), *self._thin(r1 - r0, c1 - c0))
                     for (r0, r1) in split(R, config.block_size)
                     for (c0, c1) in split(C, config.block_size)
                 ]
@@ -61,7 +64,7 @@ class ReferenceDash:
                 n = W.numel()
                 st["view"] = (n, 1)
                 st["blocks"] = [
-                    self._new_block(r1 - r0, 1, (r0, r1, 0, 1), two_sided=False)
+                    self._new_block(r1 - r0, 1, (r0, r1, 0, 1), True, False, p=2)
                     for (r0, r1) in split(n, config.block_size)
                 ]
             elif kind == "adamw":
@@ -76,29 +79,50 @@ class ReferenceDash:
         blocks = [blk for st in self.state.values() for blk in st.get("blocks", [])]
         shapes = []
         for blk in blocks:
-            if blk["A"].shape + ("R" in blk,) not in shapes:
-                shapes.append(blk["A"].shape + ("R" in blk,))
+            if blk["A"].shape + ("L" in blk, "R" in blk) not in shapes:
+                shapes.append(blk["A"].shape + ("L" in blk, "R" in blk))
         number = 0
         for shape in shapes:
             for blk in blocks:
-                if blk["A"].shape + ("R" in blk,) == shape:
+                if blk["A"].shape + ("L" in blk, "R" in blk) == shape:
                     blk["phase"] = number % self.c.inv_root_freq
                     number += 1
 
+    def _thin(self, r: int, c: int) -> tuple[bool, bool, int, str | None]:
+        """(full left factor?, full right factor?, p, the diagonal side) of an r x c matrix block."""
+        ratio = self.c.thin_ratio
+        if r >= ratio * c:
+            return False, True, 4, "rows"
+        if c >= ratio * r:
+            return True, False, 4, "cols"
+        return True, True, 4, None
+
     @staticmethod
-    def _new_block(r, c, where, two_sided):
+    def _new_block(r, c, where, left, right, p, diagonal=None):
         b = {
             "where": where,
-            "L": torch.zeros(r, r, dtype=f64),
-            "Lbar": torch.eye(r, dtype=f64),
+            "p": p,
+            "diagonal": diagonal,
             "A": torch.zeros(r, c, dtype=f64),
             "Gt": torch.zeros(r, c, dtype=f64),
             "M": torch.zeros(r, c, dtype=f64),
         }
-        if two_sided:
+        if left:
+            b["L"] = torch.zeros(r, r, dtype=f64)
+            b["Lbar"] = torch.eye(r, dtype=f64)
+        if right:
             b["R"] = torch.zeros(c, c, dtype=f64)
             b["Rbar"] = torch.eye(c, dtype=f64)
         return b
+
+    def diagonal_root(self, d: torch.Tensor) -> torch.Tensor:
+        """(d + eps)^(-1/4) entrywise, 0 where d = 0."""
+        return torch.tensor([0.0 if x == 0 else (x + self.c.eps) ** -0.25 for x in d.tolist()], dtype=f64)
+
+    def keep(self, field: str, x: torch.Tensor) -> torch.Tensor:
+        """``x`` as stored under the config's storage dtype ``field`` (None: as it is)."""
+        name = getattr(self.c, field)
+        return x if name is None else x.to(getattr(torch, name)).to(f64)
 
     def staggered(self) -> bool:
         """The schedule of an eager step: "auto" is periodic on the CPU strategy, staggered on
@@ -156,28 +180,23 @@ class ReferenceDash:
             for blk in st["blocks"]:
                 r0, r1, c0, c1 = blk["where"]
                 G = gview[r0:r1, c0:c1]
-                two_sided = "R" in blk
-                if c.beta_LR < 1:
-                    blk["L"] = c.beta_LR * blk["L"] + (1 - c.beta_LR) * G @ G.T
-                    if two_sided:
-                        blk["R"] = c.beta_LR * blk["R"] + (1 - c.beta_LR) * G.T @ G
-                else:
-                    blk["L"] = blk["L"] + G @ G.T
-                    if two_sided:
-                        blk["R"] = blk["R"] + G.T @ G
+                sides = [k for k in ("L", "R") if k in blk]
+                products = {"L": G @ G.T, "R": G.T @ G}
+                for k in sides:
+                    decay = c.beta_LR if c.beta_LR < 1 else 1.0
+                    weight = 1 - c.beta_LR if c.beta_LR < 1 else 1.0
+                    blk[k] = self.keep("factor_dtype", decay * blk[k] + weight * products[k])
                 if c.grafting == "adam":
-                    blk["A"] = c.beta_graft * blk["A"] + (1 - c.beta_graft) * G * G
+                    blk["A"] = self.keep("graft_dtype", c.beta_graft * blk["A"] + (1 - c.beta_graft) * G * G)
                     cA = 1 - c.beta_graft**t if c.bias_correction else 1.0
                 else:
-                    blk["A"] = blk["A"] + G * G
+                    blk["A"] = self.keep("graft_dtype", blk["A"] + G * G)
                     cA = 1.0
                 if self.refresh(t, blk):
-                    p = 4 if two_sided else 2
-                    blk["Lbar"] = self.root(blk["L"], p)
-                    if two_sided:
-                        blk["Rbar"] = self.root(blk["R"], p)
+                    for k in sides:
+                        blk[k + "bar"] = self.keep("root_dtype", self.root(blk[k], blk["p"]))
                 if c.beta_G > 0:
-                    blk["Gt"] = c.beta_G * blk["Gt"] + (1 - c.beta_G) * G
+                    blk["Gt"] = self.keep("grad_ema_dtype", c.beta_G * blk["Gt"] + (1 - c.beta_G) * G)
                     cG = 1 - c.beta_G**t if c.bias_correction else 1.0
                 else:
                     blk["Gt"] = G
@@ -187,9 +206,15 @@ class ReferenceDash:
                 if not self.preconditioned(t, blk):
                     P = D
                 else:
-                    U = blk["Lbar"] @ blk["Gt"]
-                    if two_sided:
+                    U = blk["Gt"]
+                    if "L" in blk:
+                        U = blk["Lbar"] @ U
+                    if "R" in blk:
                         U = U @ blk["Rbar"]
+                    if blk["diagonal"] == "rows":  # d_i = sum_j A_ij: diag(G G^T)'s EMA
+                        U = self.diagonal_root(blk["A"].sum(dim=1))[:, None] * U
+                    elif blk["diagonal"] == "cols":
+                        U = U * self.diagonal_root(blk["A"].sum(dim=0))[None, :]
                     P = n * U / (torch.linalg.norm(U) + 1e-16)
                 if c.mu > 0:
                     blk["M"] = c.mu * blk["M"] + P

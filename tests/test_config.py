@@ -4,6 +4,7 @@ import dataclasses
 import math
 
 import pytest
+import torch
 
 import dash_fn
 
@@ -55,6 +56,14 @@ BAD = [
     ("weight_decay_1d", -0.5),
     ("fsdp_blocks", "rows"),
     ("skip_nonfinite", 0),
+    ("thin_ratio", 1.0),
+    ("thin_ratio", 0.5),
+    ("thin_ratio", "4"),
+    ("thin_ratio", math.nan),
+    ("factor_dtype", "float64"),
+    ("root_dtype", "bf16"),
+    ("grad_ema_dtype", torch.bfloat16),
+    ("graft_dtype", "half"),
 ]
 # values at the edge of each range that must be accepted
 BOUNDARY = [
@@ -73,6 +82,12 @@ BOUNDARY = [
     ("comm_dtype", None),
     ("scaling_dtype", "float64"),
     ("eps_power_iter", 0.0),
+    ("thin_ratio", math.inf),
+    ("thin_ratio", 1.001),
+    ("root_dtype", "bfloat16"),
+    ("factor_dtype", "float16"),
+    ("grad_ema_dtype", "float32"),
+    ("graft_dtype", None),
 ]
 
 

@@ -154,6 +154,7 @@ SCENARIOS = [
     "skips",
     "compiled",
     "staggered",
+    "storage",
 ]
 
 

@@ -85,7 +85,7 @@ def test_views_of_odd_shapes():
 
 def test_one_sided_segments_last_is_shorter():
     plan = plan_for([(10,)], 4, one_dim="shampoo")
-    assert [(g.rows, g.cols, g.one_sided, g.count) for g in plan.groups] == [(4, 1, True, 2), (2, 1, True, 1)]
+    assert [(g.rows, g.cols, g.sides, g.count) for g in plan.groups] == [(4, 1, "left", 2), (2, 1, "left", 1)]
     assert [(f.size, f.order) for f in plan.factors] == [(4, 2), (2, 2)]
 
 

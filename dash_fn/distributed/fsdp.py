@@ -33,7 +33,6 @@ import torch
 from ..plan import (
     ADAMW,
     EMPTY,
-    SEGMENTS,
     ParamPlan,
     Plan,
     Region,
@@ -203,11 +202,11 @@ def make_fsdp_shard(
     rows = tuple(shard_rows(p.shape, world_size, p.view[1]) for p in plan.params)
     if mode == "local":  # each shard is a whole problem of its own
         specs = [(p.name, local_shape(p.shape, world_size, rank), p.dtype) for p in plan.params]
-        local = make_plan(specs, plan.block_size, one_dim, {p.name: p.batch_dims for p in plan.params})
+        local = make_plan(specs, plan.block_size, one_dim, {p.name: p.batch_dims for p in plan.params}, plan.thin_ratio)
         return FsdpShard(rank, world_size, group_name, mode, local, local.params, rows, rows, False)
     owned_rows = plan_bands(plan, rows, world_size)[0]
     owned, counts = _owned_regions(plan, owned_rows, rank)
-    groups = lay_out_factors([(g.rows, g.cols, g.one_sided, n) for g, n in zip(plan.groups, counts)])
+    groups = lay_out_factors([(g.rows, g.cols, g.sides, n) for g, n in zip(plan.groups, counts)])
     params = _local_params(plan, rows, rank, world_size)
     adamw_numel = sum(p.numel for p in params if p.kind == ADAMW)
     local = dataclasses.replace(
@@ -241,7 +240,7 @@ def band_plan(plan: Plan, rows) -> list[tuple[int, int, int, tuple[int, ...], in
             parts.setdefault(region.row_start, []).append(region)
         for row_start, regions in parts.items():
             br = regions[0].block_rows
-            cost = sum(r.n_cols * block_cost(r.block_rows, r.block_cols, p.kind == SEGMENTS) for r in regions)
+            cost = sum(r.n_cols * block_cost(plan.groups[r.group]) for r in regions)
             for b in range(regions[0].n_rows):
                 a, z = row_start + b * br, row_start + (b + 1) * br
                 held = tuple(max(0, min(z, hi) - max(a, lo)) for lo, hi in rows[i])

@@ -98,7 +98,7 @@ def make_shard(plan: Plan, rank: int, world_size: int, group_name: str | None) -
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank!r}")
     counts = ownership(plan, world_size)
-    owned = [(g.rows, g.cols, g.one_sided, n[rank]) for g, n in zip(plan.groups, counts)]
+    owned = [(g.rows, g.cols, g.sides, n[rank]) for g, n in zip(plan.groups, counts)]
     groups = lay_out_factors(owned)
     local = dataclasses.replace(plan, groups=groups, factors=stack_sizes(groups))
     return Shard(rank, world_size, group_name if world_size > 1 else None, counts, local)

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..plan import Plan
+from ..plan import BlockGroup, Plan
 
 
-def block_cost(rows: int, cols: int, one_sided: bool) -> int:
-    """Root cost of one block: the cube of each factor size it refreshes."""
-    return rows**3 if one_sided else rows**3 + cols**3
+def block_cost(group: BlockGroup) -> int:
+    """Root cost of one block of ``group``: the cube of each factor size it refreshes."""
+    return (group.rows**3 if group.left is not None else 0) + (group.cols**3 if group.right is not None else 0)
 
 
 def ownership(plan: Plan, world_size: int) -> tuple[tuple[int, ...], ...]:
@@ -36,7 +36,7 @@ def ownership(plan: Plan, world_size: int) -> tuple[tuple[int, ...], ...]:
         q, e = divmod(group.count, world_size)
         extra = set(sorted(range(world_size), key=lambda k: (load[k], k))[:e])
         n = tuple(q + (k in extra) for k in range(world_size))
-        cost = block_cost(group.rows, group.cols, group.one_sided)
+        cost = block_cost(group)
         for k in range(world_size):
             load[k] += n[k] * cost
         counts.append(n)
@@ -46,10 +46,7 @@ def ownership(plan: Plan, world_size: int) -> tuple[tuple[int, ...], ...]:
 def rank_loads(plan: Plan, counts: Sequence[Sequence[int]]) -> list[int]:
     """Each rank's root cost under :func:`ownership`'s counts."""
     world_size = len(counts[0]) if counts else 1
-    return [
-        sum(n[k] * block_cost(group.rows, group.cols, group.one_sided) for group, n in zip(plan.groups, counts))
-        for k in range(world_size)
-    ]
+    return [sum(n[k] * block_cost(group) for group, n in zip(plan.groups, counts)) for k in range(world_size)]
 
 
 def band_owners(bands: Sequence[tuple[tuple[int, ...], int]], world_size: int) -> tuple[list[int], list[int]]:

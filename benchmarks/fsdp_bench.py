@@ -52,7 +52,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import dash_fn  # noqa: E402
 from dash_fn.distributed.fsdp import band_plan, local_shape, moved_elements, plan_bands, shard_rows  # noqa: E402
 from dash_fn.distributed.ownership import block_cost  # noqa: E402
-from dash_fn.plan import ADAMW, EMPTY, SEGMENTS, make_plan  # noqa: E402
+from dash_fn.plan import ADAMW, EMPTY, make_plan  # noqa: E402
 from state_memory import state_bytes  # noqa: E402
 from step_bench import layer_shapes  # noqa: E402
 
@@ -117,10 +117,7 @@ def param_owner_rows(plan, rows, world: int):
     owned rows in ``plan_bands``'s form and the ranks' root loads."""
     load = [0] * world
     owned = [[(0, 0)] * world for _ in plan.params]
-    costs = [
-        sum(r.n_rows * r.n_cols * block_cost(r.block_rows, r.block_cols, p.kind == SEGMENTS) for r in p.regions)
-        for p in plan.params
-    ]
+    costs = [sum(r.n_rows * r.n_cols * block_cost(plan.groups[r.group]) for r in p.regions) for p in plan.params]
     for i in sorted(range(len(plan.params)), key=lambda i: -costs[i]):
         p = plan.params[i]
         if p.kind in (ADAMW, EMPTY):

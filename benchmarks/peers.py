@@ -195,7 +195,7 @@ def tensor_bytes(root, exclude: set[int]) -> int:
 
 
 class Both:
-    """Two torch.optim optimizers stepped as one (Muon on the matrices, AdamW on the rest)."""
+    """torch.optim optimizers stepped as one (Muon on the matrices, AdamW on the rest)."""
 
     def __init__(self, *optimizers):
         self.optimizers = optimizers
@@ -249,11 +249,9 @@ def build_distributed_shampoo(params, freq, args):
 
     matrices, vectors = split_params(params)
     adam = AdamPreconditionerConfig(beta2=0.95, epsilon=1e-8)
+    groups = [{"params": matrices}, {"params": vectors, "preconditioner_config": adam, "grafting_config": None}]
     return DistributedShampoo(
-        [
-            {"params": matrices},
-            {"params": vectors, "preconditioner_config": adam, "grafting_config": None},
-        ],
+        [group for group in groups if group["params"]],  # (it refuses an empty group)
         lr=1e-3,
         betas=(0.9, 0.95),
         epsilon=1e-10,
@@ -318,10 +316,10 @@ def build_scalable_shampoo(params, freq, args):
 
 def build_muon(params, freq, args):
     matrices, vectors = split_params(params)
-    return Both(
-        torch.optim.Muon(matrices, lr=1e-3, weight_decay=0.0),
-        torch.optim.AdamW(vectors, lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0, foreach=True),
-    )
+    optimizers = [torch.optim.Muon(matrices, lr=1e-3, weight_decay=0.0)]
+    if vectors:  # (torch.optim refuses an empty list)
+        optimizers.append(torch.optim.AdamW(vectors, lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0, foreach=True))
+    return Both(*optimizers)
 
 
 def build_adamw(params, freq, args):

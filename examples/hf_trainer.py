@@ -1,6 +1,7 @@
 """Hugging Face ``Trainer`` with ``dash_fn.DASH``: a tiny randomly initialised Llama on bytes.
 
     python examples/hf_trainer.py [--steps 60] [--optimizer dash|adamw] [--lr LR] [--out runs/hf_trainer] [--no-resume]
+        [--seed 0] [--dash FIELD=VALUE ...]
 
 The model is transformers' ``LlamaForCausalLM`` built from a config (256 byte tokens, no
 pretrained weights, nothing downloaded: ``HF_HUB_OFFLINE=1``), trained on the main job's data,
@@ -33,7 +34,7 @@ from transformers import (  # noqa: E402
 sys.path.insert(0, os.path.dirname(__file__))
 
 import dash_fn  # noqa: E402
-from train_lm import stdlib_corpus  # noqa: E402
+from train_lm import dash_field, stdlib_corpus  # noqa: E402
 
 CONTEXT = 64
 
@@ -71,21 +72,24 @@ def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
     return LlamaForCausalLM(config)
 
 
-def optimizer_for(name: str, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
-    """DASH at its defaults, or AdamW as the Trainer would build it; both decay only matrices."""
+def optimizer_for(name: str, model: torch.nn.Module, lr: float, dash: dict | None = None) -> torch.optim.Optimizer:
+    """DASH at its defaults (but for the DashConfig fields in ``dash``), or AdamW as the Trainer
+    would build it; both decay only matrices."""
     matrices = [p for p in model.parameters() if p.ndim >= 2]
     vectors = [p for p in model.parameters() if p.ndim < 2]
     groups = [{"params": matrices, "weight_decay": 0.01}, {"params": vectors, "weight_decay": 0.0}]
     if name == "dash":
-        return dash_fn.DASH(groups, lr=lr)
+        return dash_fn.DASH(groups, lr=lr, **(dash or {}))
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
 
 
-def trainer_for(out: str, name: str, lr: float, steps: int, save_every: int, seed: int = 0) -> Trainer:
+def trainer_for(
+    out: str, name: str, lr: float, steps: int, save_every: int, seed: int = 0, dash: dict | None = None
+) -> Trainer:
     """A Trainer over a fresh model with the optimizer ``name`` and a cosine schedule."""
     train_bytes, val_bytes = stdlib_corpus(300_000)
     model = tiny_llama(seed)
-    optimizer = optimizer_for(name, model, lr)
+    optimizer = optimizer_for(name, model, lr, dash)
     scheduler = get_cosine_schedule_with_warmup(
         optimizer, num_warmup_steps=max(1, steps // 10), num_training_steps=steps
     )
@@ -134,17 +138,27 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--no-resume", action="store_true", help="skip the second run resumed from the middle checkpoint"
     )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the model's initial weights and the data order")
+    parser.add_argument(
+        "--dash",
+        nargs="+",
+        type=dash_field,
+        default=[],
+        metavar="FIELD=VALUE",
+        help="DashConfig fields, e.g. thin_ratio=inf",
+    )
     args = parser.parse_args(argv)
+    dash = dict(args.dash)
     lr = args.lr if args.lr is not None else {"dash": 1e-2, "adamw": 6e-3}[args.optimizer]
     half = max(1, args.steps // 2)
-    trainer = trainer_for(args.out, args.optimizer, lr, args.steps, save_every=half)
+    trainer = trainer_for(args.out, args.optimizer, lr, args.steps, save_every=half, seed=args.seed, dash=dash)
     trainer.train()
     result = {"train_loss": train_losses(trainer), "eval_loss": trainer.evaluate()["eval_loss"], "model": trainer.model}
     print(
         f"{args.optimizer}@{lr:g}: final train loss {result['train_loss'][-1]:.4f}, eval loss {result['eval_loss']:.4f}"
     )
     if not args.no_resume:  # a new process would do the same: a fresh model and optimizer, then the checkpoint
-        resumed = trainer_for(args.out, args.optimizer, lr, args.steps, save_every=half)
+        resumed = trainer_for(args.out, args.optimizer, lr, args.steps, save_every=half, seed=args.seed, dash=dash)
         resumed.train(resume_from_checkpoint=os.path.join(args.out, f"checkpoint-{half}"))
         same = all(torch.equal(p, q) for p, q in zip(trainer.model.parameters(), resumed.model.parameters()))
         print(f"resumed from checkpoint-{half}: final parameters {'identical' if same else 'DIFFER'}")

@@ -24,6 +24,7 @@ AdamW's wall time).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -73,6 +74,22 @@ def batch_at(data: torch.Tensor, step: int, batch: int, context: int, seed: int)
 
 
 PEERS = ("adamw", "muon", "soap", "psgd")  # torch.optim-style optimizers (soap, psgd: HeavyBall)
+
+
+def dash_field(text: str) -> tuple[str, object]:
+    """``FIELD=VALUE`` as (field, value): a number (inf included), None, a bool, or the string."""
+    field, sep, raw = text.partition("=")
+    if not sep or field not in {f.name for f in dataclasses.fields(dash_fn.DashConfig)}:
+        raise argparse.ArgumentTypeError(f"expected FIELD=VALUE with a DashConfig field, got {text!r}")
+    words = {"none": None, "true": True, "false": False}
+    if raw.lower() in words:
+        return field, words[raw.lower()]
+    for kind in (int, float):
+        try:
+            return field, kind(raw)
+        except ValueError:
+            pass
+    return field, raw
 
 
 def parse_run(spec: str) -> tuple[str, float]:
@@ -137,6 +154,7 @@ class Optimizer:
                 config = config.replace(eps=args.eps)
             if args.refresh_schedule is not None:
                 config = config.replace(refresh_schedule=args.refresh_schedule)
+            config = config.replace(**args.dash)
             self.state = dash_fn.init(params, config, batch_dims=expert_weights(params))
             # dynamic=False: a second config's plan (another block size) would otherwise turn its ints symbolic
             self.step = (
@@ -413,11 +431,21 @@ def _main(argv: list[str] | None = None) -> None:
         help="DASH's refresh_schedule for every dash run; None keeps each run's config value",
     )
     parser.add_argument(
+        "--dash",
+        nargs="+",
+        type=dash_field,
+        default=[],
+        metavar="FIELD=VALUE",
+        help="DashConfig fields for every dash run, e.g. --dash root_dtype=bfloat16 grad_ema_dtype=bfloat16 "
+        "(VALUE: a number, inf, None, true/false or a string)",
+    )
+    parser.add_argument(
         "--save-params",
         metavar="PATH",
         help="torch.save the final parameters of every run, {'OPTIMIZER@LR seed S': {name: tensor}}",
     )
     args = parser.parse_args(argv)
+    args.dash = dict(args.dash)
     runs = [parse_run(spec) for spec in args.runs]
     if args.deterministic:  # warn_only off the CPU: there it is untested (no GPU was available)
         if args.device.startswith("cuda"):

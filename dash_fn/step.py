@@ -339,7 +339,10 @@ def _diagonal_root(A: torch.Tensor, dim: int, eps: float) -> torch.Tensor:
     over ``dim``, which is diag(G G^T)'s EMA (tall blocks; diag(G^T G)'s for wide ones) at the
     grafting moment's decay; 0 where d = 0 (a row that never had a gradient gets no update)."""
     d = A.sum(dim, keepdim=True)
-    return torch.where(d > 0, (d + eps).pow(-0.25), torch.zeros_like(d))
+    # two square roots and a division, each correctly rounded, not pow: torch's CPU kernels take
+    # pow in vector code but a loop's tail in scalar code, which round differently, so a block's
+    # root would depend on how many blocks its stack holds (DDP ranks hold fewer)
+    return torch.where(d > 0, (d + eps).sqrt().sqrt().reciprocal(), torch.zeros_like(d))
 
 
 def _momentum(config: DashConfig, M: torch.Tensor, P: torch.Tensor, ok) -> torch.Tensor:

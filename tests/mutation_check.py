@@ -58,8 +58,8 @@ MUTATIONS = [
     Mutation(
         "thin: the long side's diagonal root of order 2",
         "dash_fn/step.py",
-        "(d + eps).pow(-0.25)",
-        "(d + eps).pow(-0.5)",
+        "(d + eps).sqrt().sqrt().reciprocal()",
+        "(d + eps).sqrt().reciprocal()",
         ("tests/test_thin.py", "-k", "reference"),
     ),
     Mutation(

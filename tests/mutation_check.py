@@ -149,8 +149,8 @@ MUTATIONS = [
     Mutation(
         "step: left root not applied",
         "dash_fn/step.py",
-        "U = stacked_matmul(left, Gt)",
-        "U = Gt",
+        "U = stacked_matmul(roots(group.left), U)",
+        "U = U",
         ("tests/test_reference_agreement.py", "-k", "default-eigh and B8"),
     ),
     Mutation(
@@ -177,8 +177,8 @@ MUTATIONS = [
     Mutation(
         "guard: grafting moment decays on a skipped step",
         "dash_fn/step.py",
-        "A.mul_(guard.gate(ok, config.beta_graft, dtype))",
-        "A.mul_(config.beta_graft)",
+        'ema_(entry["A"], guard.gate(ok, config.beta_graft, dtype),',
+        'ema_(entry["A"], config.beta_graft,',
         ("tests/test_nonfinite.py",),
     ),
     Mutation(

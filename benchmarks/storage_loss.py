@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--baseline", choices=list(OPTIONS), default="defaults", help="the option compared against")
     parser.add_argument("--model-args", default="", help="train_lm.py arguments of the model, e.g. '--d-model 64'")
     parser.add_argument("--out", default="runs/storage_loss", help="directory of the runs' logs (one per option)")
-    parser.add_argument("--plot", help="write the per-seed differences from the default to this PNG")
+    parser.add_argument("--plot", help="write the per-seed differences from the baseline to this PNG")
     parser.add_argument("--rerun", action="store_true", help="train again where a log exists")
     args = parser.parse_args(argv)
     finals = {label: run(label, OPTIONS[label], args) for label in args.options}

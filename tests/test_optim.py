@@ -562,11 +562,14 @@ def test_per_parameter_state_is_as_the_readme_says():
     assert torch.equal(opt.state_dict()["state"][1]["rows_0_16_cols_0_16"]["A"], block)
 
 
-def test_thin_weight_state_is_the_readme_closed_form():
-    """README, Defaults: a (m, n) weight with n < b holds 2 + 2b/n + 2n/b floats per entry."""
+@pytest.mark.parametrize("thin_ratio", [4.0, math.inf])
+def test_thin_weight_state_is_the_closed_form(thin_ratio):
+    """A (m, n) weight with n <= b / 4 holds 2 + 2n/b floats per entry as thin blocks (A and Gt,
+    and an n x n factor with its root per b x n block), 2 + 2b/n + 2n/b two-sided (a b x b left
+    factor and its root too): 2.5 and 10.5 for an nn.Embedding(32000, 64) at b = 256 (README)."""
     b, n = 32, 8
-    state = dash_fn.init(
-        {"w": torch.zeros(4 * b, n)}, dash_fn.DashConfig(block_size=b, solver="eigh")
-    )  # no start vectors
+    config = dash_fn.DashConfig(block_size=b, solver="eigh", thin_ratio=thin_ratio)  # no start vectors
+    state = dash_fn.init({"w": torch.zeros(4 * b, n)}, config)
     floats = sum(x.numel() for x in tensors(state).values() if x.is_floating_point())  # not the fallback counts
-    assert floats / (4 * b * n) == 2 + 2 * b / n + 2 * n / b
+    expected = 2 + 2 * n / b if thin_ratio == 4.0 else 2 + 2 * b / n + 2 * n / b
+    assert floats / (4 * b * n) == expected

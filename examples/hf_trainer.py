@@ -34,7 +34,7 @@ from transformers import (  # noqa: E402
 sys.path.insert(0, os.path.dirname(__file__))
 
 import dash_fn  # noqa: E402
-from train_lm import dash_field, stdlib_corpus  # noqa: E402
+from train_lm import add_dash_fields, stdlib_corpus  # noqa: E402
 
 CONTEXT = 64
 
@@ -139,14 +139,7 @@ def main(argv: list[str] | None = None) -> dict:
         "--no-resume", action="store_true", help="skip the second run resumed from the middle checkpoint"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the model's initial weights and the data order")
-    parser.add_argument(
-        "--dash",
-        nargs="+",
-        type=dash_field,
-        default=[],
-        metavar="FIELD=VALUE",
-        help="DashConfig fields, e.g. thin_ratio=inf",
-    )
+    add_dash_fields(parser, "of the DASH run")
     args = parser.parse_args(argv)
     dash = dict(args.dash)
     lr = args.lr if args.lr is not None else {"dash": 1e-2, "adamw": 6e-3}[args.optimizer]

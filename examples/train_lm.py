@@ -92,6 +92,19 @@ def dash_field(text: str) -> tuple[str, object]:
     return field, raw
 
 
+def add_dash_fields(parser: argparse.ArgumentParser, scope: str) -> None:
+    """The ``--dash FIELD=VALUE ...`` option: DashConfig fields (a list of pairs in ``args.dash``)."""
+    parser.add_argument(
+        "--dash",
+        nargs="+",
+        type=dash_field,
+        default=[],
+        metavar="FIELD=VALUE",
+        help=f"DashConfig fields {scope}, e.g. --dash root_dtype=bfloat16 thin_ratio=inf "
+        "(VALUE: a number, inf, None, true/false or a string)",
+    )
+
+
 def parse_run(spec: str) -> tuple[str, float]:
     name, _, lr = spec.partition("@")
     if name not in PEERS and not (name == "dash" or name.startswith("dash-")):
@@ -430,15 +443,7 @@ def _main(argv: list[str] | None = None) -> None:
         default=None,
         help="DASH's refresh_schedule for every dash run; None keeps each run's config value",
     )
-    parser.add_argument(
-        "--dash",
-        nargs="+",
-        type=dash_field,
-        default=[],
-        metavar="FIELD=VALUE",
-        help="DashConfig fields for every dash run, e.g. --dash root_dtype=bfloat16 grad_ema_dtype=bfloat16 "
-        "(VALUE: a number, inf, None, true/false or a string)",
-    )
+    add_dash_fields(parser, "for every dash run")
     parser.add_argument(
         "--save-params",
         metavar="PATH",

@@ -24,11 +24,6 @@ def stored_dtype(config: DashConfig, key: str, dtype: torch.dtype) -> torch.dtyp
     return dtype if name is None else getattr(torch, name)
 
 
-def narrows(config: DashConfig, dtype: torch.dtype) -> bool:
-    """Whether any kind of state is kept in another dtype than ``dtype``."""
-    return any(stored_dtype(config, key, dtype) != dtype for key in KINDS)
-
-
 def ema_(x: torch.Tensor, decay, update: torch.Tensor, alpha: float) -> torch.Tensor:
     """``x <- decay x + alpha update`` in the dtype of ``update``; returns the new value in it.
 

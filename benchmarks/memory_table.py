@@ -140,7 +140,7 @@ def rows_for(model: str, with_peers: bool, timed_steps: int, rounds: int):
         if t:
             found[label]["ms"] = 1e3 * statistics.median(t)
     order = list(builds) + [k for k in found if k not in builds]
-    return params, {label: found[label] for label in order}
+    return params, block_size, {label: found[label] for label in order}
 
 
 def thin_products_ms(params: dict, block_size: int, timed_steps: int) -> float:
@@ -194,10 +194,10 @@ def main(argv: list[str] | None = None) -> None:
     print(machine_line(), "\n")
     started = time.perf_counter()
     for model in args.models:
-        params, found = rows_for(model, args.peers, args.steps, args.rounds)
+        params, block_size, found = rows_for(model, args.peers, args.steps, args.rounds)
         print("\n".join(table(model, params, found)), flush=True)
         if model == "embedding" and args.steps:
-            floor = thin_products_ms(params, model_params(model)[1], args.steps)
+            floor = thin_products_ms(params, block_size, args.steps)
             print(f"its thin blocks' two batched products alone (G^T G, G R): {floor:.1f} ms\n", flush=True)
     print(f"({time.perf_counter() - started:.0f} s)")
 

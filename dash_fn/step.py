@@ -200,6 +200,8 @@ def _factor_emas(plan: Plan, config: DashConfig, state: TensorDict, products, ok
                 # masked loads (same bits as F.mul_(beta).add_(X, alpha)); a narrow F is widened
                 # for the arithmetic and rounded once, when written
                 F.copy_(torch.add(F.to(dtype) * guard.gate(ok, config.beta_LR, dtype), X, alpha=1 - config.beta_LR))
+            elif F.dtype == dtype:
+                F.add_(X)
             else:
                 F.copy_(F.to(dtype) + X)
 

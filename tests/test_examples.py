@@ -92,8 +92,11 @@ def test_train_lm_peers_and_wall_clock_columns(tmp_path):
     for run in log["runs"][1:]:
         assert run["train_loss"] != adamw["train_loss"]  # another optimizer really ran
         assert all(0 < loss < 10 for loss in run["train_loss"] + run["val_loss"])
+    for run in log["runs"]:  # the optimizer's part of the timed steps: neither nothing nor all of it
+        assert 0 < run["optimizer_s"] < run["wall"][-1]
     summary = (out / "summary.md").read_text()
     assert "seconds to it (mean) | fraction of AdamW's seconds | val loss at AdamW's seconds" in summary
+    assert "| optimizer ms / step (share) |" in summary
     row = next(line for line in summary.splitlines() if line.startswith("| adamw@0.003 |")).split("|")
     assert row[5].strip() == "1.00" and row[7].strip() == "1.00" and float(row[8]) == adamw["val_loss"][-1].__round__(4)
 

@@ -97,6 +97,7 @@ def test_each_step_refreshes_its_phase_and_every_root_within_a_period():
         before = after
 
 
+@pytest.mark.sets_accelerator
 def test_same_work_every_step_means_the_same_graph():
     """Compiled with fullgraph over three periods: one graph, no recompile, no refresh flag,
     no node that reads the device on the host, and nothing CUDA graphs would skip."""
@@ -134,6 +135,7 @@ def test_compiled_adapter_makes_one_graph():
     assert graphs[0][1] == []
 
 
+@pytest.mark.sets_accelerator
 @pytest.mark.parametrize("solver", ["ndb", "cn", "chebyshev"])
 def test_eager_steps_do_not_sync_under_the_accelerator_strategy(solver):
     config = staggered(solver=solver, inv_root_freq=3, mu=0.5, cheb_degree=8, start_prec_step=2)
@@ -146,6 +148,7 @@ def test_eager_steps_do_not_sync_under_the_accelerator_strategy(solver):
     assert counter.syncs == []
 
 
+@pytest.mark.sets_accelerator
 def test_compiled_equals_eager_bitwise_under_the_accelerator_strategy():
     config = staggered(block_size=8, solver="ndb", inv_root_freq=3, newton_steps=4)
     params = mixed_params(shapes={"w": (24, 20), "b": (20,)})

@@ -114,6 +114,7 @@ def test_checkpoint_resumes_bit_exact_and_refuses_another_storage_dtype():
         dash_fn.load_state(buffer, config=cfg.replace(root_dtype=None))
 
 
+@pytest.mark.sets_accelerator
 def test_compiled_accelerator_step_is_one_capturable_graph_without_syncs():
     """Under the accelerator strategy (simulated) a step with every kind narrow compiles to one
     graph that CUDA graphs can capture, equals the eager step, and the eager step never syncs."""

@@ -1,0 +1,170 @@
+"""Does DASH keep its lead as the model grows? Learning-rate sweeps and seeds at three sizes (issue 27).
+
+    python benchmarks/scaling.py sweep --size s            # seed 0 over a grid of learning rates
+    python benchmarks/scaling.py seeds --size s --seeds 1 2  # more seeds at each optimizer's best rate
+    python benchmarks/scaling.py report [--plots benchmarks/results]  # tables for RESULTS, plots
+
+Every run is one ``examples/train_lm.py --size SIZE`` run (the sizes, their steps and batch are
+its ``SIZES``). ``sweep`` trains each optimizer at learning rates a factor of about 3 apart
+(1, 3, 10, 30, ... x 1e-4), starting from three around its best rate at the next smaller size,
+and widens the grid while the best final validation loss sits at its edge, so that the best rate
+ends inside. ``seeds`` trains more seeds at the best rate of seed 0's sweep. Runs already
+recorded are not trained again: every finished run is added to
+``benchmarks/results/scaling/SIZE.json`` (its validation curve, wall time and the optimizer's
+share of it), which ``report`` reads; an interrupted call loses only its unfinished run.
+
+The optimizers (``--optimizers``): AdamW, torch.optim.Muon (AdamW on the embedding, head and
+vectors), DASH at its defaults (``DashConfig()``: blocks of 256, eigh roots on the CPU refreshed
+in a staggered tenth every step under torch.compile), and the main job's best DASH (NDB roots,
+blocks of 128, eps 1e-6); ``dash-periodic`` (the defaults with every root refreshed every 10th
+step) and ``dash-bf16`` (the defaults with roots, gradient EMA and grafting moments stored in
+bfloat16) are measured at the defaults' best rate (``seeds --optimizers dash-periodic dash-bf16
+--rate-of dash-defaults``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from machine import machine_line
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "scaling"
+SIZES = ["s", "m", "l"]
+BF16 = "bfloat16"
+# label: (train_lm's OPTIMIZER, its extra arguments)
+OPTIMIZERS = {
+    "adamw": ("adamw", []),
+    "muon": ("muon", []),
+    "dash-defaults": ("dash-defaults", []),
+    "dash-ndb": ("dash-ndb", ["--block-size", "128", "--eps", "1e-6"]),
+    "dash-periodic": ("dash-defaults", ["--refresh-schedule", "periodic"]),
+    "dash-bf16": ("dash-defaults", ["--dash", f"root_dtype={BF16}", f"grad_ema_dtype={BF16}", f"graft_dtype={BF16}"]),
+}
+SWEPT = ["adamw", "muon", "dash-defaults", "dash-ndb"]
+# the best rates of the main job (size s; README), where the first sweep starts
+START = {"adamw": 1e-3, "muon": 1e-2, "dash-defaults": 3e-3, "dash-ndb": 3e-3}
+MAX_GRID = 7  # rates one optimizer may try at one size before the sweep gives up widening
+
+
+def grid_rate(index: int) -> float:
+    """The index-th rate of the grid 1e-4, 3e-4, 1e-3, 3e-3, ... (index 0 is 1e-4)."""
+    return float(f"{(1, 3)[index % 2]}e{index // 2 - 4}")
+
+
+def grid_index(rate: float) -> int:
+    return min(range(-8, 16), key=lambda i: abs(math.log(grid_rate(i) / rate)))
+
+
+def load(size: str) -> list[dict]:
+    path = RESULTS / f"{size}.json"
+    return json.loads(path.read_text())["runs"] if path.exists() else []
+
+
+def record(size: str, runs: list[dict]) -> None:
+    """Add finished runs to the size's file (a run with the same optimizer, rate and seed is replaced)."""
+    key = lambda r: (r["optimizer"], r["lr"], r["seed"])
+    kept = {key(r): r for r in load(size)}
+    kept.update({key(r): r for r in runs})
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    ordered = sorted(kept.values(), key=lambda r: (r["optimizer"], r["seed"], r["lr"]))
+    (RESULTS / f"{size}.json").write_text(json.dumps({"size": size, "runs": ordered}, indent=1) + "\n")
+
+
+def train(size: str, label: str, rates: list[float], seeds: list[int], progress: bool) -> None:
+    """Train the runs not yet recorded, in one train_lm process per set of rates (its compiled
+    gradient shared by the rates and seeds), and record each as soon as its process has logged it."""
+    name, extra = OPTIMIZERS[label]
+    done = {(r["lr"], r["seed"]) for r in load(size) if r["optimizer"] == label}
+    by_rates: dict[tuple, list[int]] = {}
+    for seed in seeds:
+        todo = tuple(lr for lr in rates if (lr, seed) not in done)
+        if todo:
+            by_rates.setdefault(todo, []).append(seed)
+    for todo, todo_seeds in by_rates.items():
+        with tempfile.TemporaryDirectory() as out:
+            command = [sys.executable, str(ROOT / "examples" / "train_lm.py"), "--size", size]
+            command += ["--seeds", *map(str, todo_seeds), "--runs", *(f"{name}@{lr:g}" for lr in todo), *extra]
+            command += ["--out", out] + ([] if progress else ["--no-progress"])
+            print(f"$ {label}:", " ".join(command[1:]), flush=True)
+            finished = subprocess.run(command, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            log = Path(out) / "log.json"
+            if log.exists():
+                logged = json.loads(log.read_text())
+                record(size, [summary(label, r, logged["args"]) for r in logged["runs"]])
+            if finished.returncode:
+                raise SystemExit(f"train_lm failed ({finished.returncode}); finished runs are recorded")
+
+
+def summary(label: str, run: dict, args: dict) -> dict:
+    """What the report needs of one train_lm run: its validation curve and timings."""
+    keep = ["lr", "seed", "val_step", "val_loss", "val_wall", "timed_steps", "optimizer_s", "compile_s"]
+    model = {k: args[k] for k in ["d_model", "n_layers", "n_heads", "steps", "batch", "context", "warmup"]}
+    return {
+        "optimizer": label,
+        **{k: run[k] for k in keep},
+        "wall": run["wall"][-1],
+        "model": model,
+        "machine": machine_line(),
+    }
+
+
+def best_rate(size: str, label: str, seed: int = 0) -> float | None:
+    runs = [r for r in load(size) if r["optimizer"] == label and r["seed"] == seed]
+    return min(runs, key=lambda r: r["val_loss"][-1])["lr"] if runs else None
+
+
+def sweep(size: str, label: str, progress: bool) -> float:
+    """Seed 0 over a grid widened until its best rate is inside; returns that rate."""
+    smaller = SIZES[: SIZES.index(size)]
+    center = next((best_rate(s, label) for s in reversed(smaller) if best_rate(s, label)), START[label])
+    tried = {grid_index(r["lr"]) for r in load(size) if r["optimizer"] == label and r["seed"] == 0}
+    tried |= {grid_index(center) + d for d in (-1, 0, 1)}
+    while True:
+        train(size, label, sorted(grid_rate(i) for i in tried), [0], progress)
+        best = grid_index(best_rate(size, label))
+        edge = {min(tried): best - 1, max(tried): best + 1}.get(best)
+        if edge is None or len(tried) >= MAX_GRID:
+            return grid_rate(best)
+        tried.add(edge)
+
+
+def main(argv: list[str] | None = None) -> None:
+    class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+        """Each option's default, and the docstring (the epilog) as written."""
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter, epilog=__doc__)
+    parser.add_argument("command", choices=["sweep", "seeds", "report"], help="what to do (see below)")
+    parser.add_argument("--size", choices=SIZES, default="s", help="train_lm's --size of the runs")
+    parser.add_argument("--optimizers", nargs="+", choices=list(OPTIMIZERS), default=SWEPT, help="what to train")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2], help="the seeds the seeds command trains")
+    parser.add_argument(
+        "--rate-of", choices=SWEPT, help="seeds: train at this optimizer's best rate instead of each one's own"
+    )
+    parser.add_argument("--plots", default=str(ROOT / "benchmarks" / "results"), help="report: folder of the plots")
+    parser.add_argument("--progress", action="store_true", help="train_lm's progress bars")
+    args = parser.parse_args(argv)
+    if args.command == "sweep":
+        for label in args.optimizers:
+            print(f"{label} at size {args.size}: best rate {sweep(args.size, label, args.progress):g}", flush=True)
+    elif args.command == "seeds":
+        for label in args.optimizers:
+            rate = best_rate(args.size, args.rate_of or label)
+            if rate is None:
+                raise SystemExit(f"no sweep of {args.rate_of or label} at size {args.size}: run sweep first")
+            train(args.size, label, [rate], args.seeds, args.progress)
+    else:
+        from scaling_report import report
+
+        report(args.plots)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""Tables and plots of the scaling study from ``benchmarks/results/scaling/*.json`` (``python
+benchmarks/scaling.py report``): the sweeps, each optimizer at its best rate per size, the
+learning-rate ratios to AdamW, and the optimizer's share of a train step extrapolated to larger
+batches."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from scaling import SIZES, best_rate, load
+
+# tokens per step of the extrapolation: a large-batch language-model step (e.g. 256 sequences of 2,048)
+LARGE_BATCH = 524_288
+
+
+def params_of(model: dict) -> int:
+    """Parameters of train_lm's Llama (byte vocabulary, tied nothing): embedding, head, and per
+    layer four attention matrices, three feed-forward matrices and two norm vectors, plus the final norm."""
+    d, hidden, vocab = model["d_model"], (8 * model["d_model"]) // 3, 256
+    return 2 * vocab * d + model["n_layers"] * (4 * d * d + 3 * d * hidden + 2 * d) + d
+
+
+def mean_std(values: list[float]) -> str:
+    spread = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.4f} ± {spread:.4f}"
+
+
+def first_reach(run: dict, target: float) -> tuple[int, float] | None:
+    """(step, train-step seconds) of the run's first evaluation at or below ``target``."""
+    return next(((s, w) for s, w, v in zip(run["val_step"], run["val_wall"], run["val_loss"]) if v <= target), None)
+
+
+def tuned(size: str) -> dict[str, list[dict]]:
+    """Each optimizer's runs at its best rate (seed 0's sweep; the variants at the rate they ran), by seed."""
+    runs = load(size)
+    out: dict[str, list[dict]] = {}
+    for label in dict.fromkeys(r["optimizer"] for r in runs):
+        rate = best_rate(size, label)
+        rates = {r["lr"] for r in runs if r["optimizer"] == label}
+        if rate is None and len(rates) == 1:
+            rate = rates.pop()
+        out[label] = sorted((r for r in runs if r["optimizer"] == label and r["lr"] == rate), key=lambda r: r["seed"])
+    return out
+
+
+def sweep_table(size: str) -> list[str]:
+    runs = [r for r in load(size) if r["seed"] == 0]
+    rates = sorted({r["lr"] for r in runs})
+    lines = [f"| size {size}, seed 0 | " + " | ".join(f"{lr:g}" for lr in rates) + " |"]
+    lines.append("|---|" + "---|" * len(rates))
+    for label in dict.fromkeys(r["optimizer"] for r in runs):
+        losses = {r["lr"]: r["val_loss"][-1] for r in runs if r["optimizer"] == label}
+        if len(losses) < 2:
+            continue
+        best = min(losses, key=losses.get)
+        cells = [("**%.4f**" if lr == best else "%.4f") % losses[lr] if lr in losses else "" for lr in rates]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def size_rows(size: str) -> list[str]:
+    """One row per optimizer at its best rate; fractions against AdamW's best run of the same seed."""
+    at_best = tuned(size)
+    adamw = {r["seed"]: r for r in at_best.get("adamw", [])}
+    muon = {r["seed"]: r for r in at_best.get("muon", [])}
+    rows = []
+    for label, runs in at_best.items():
+        model = runs[0]["model"]
+        reach = [first_reach(r, adamw[r["seed"]]["val_loss"][-1]) if r["seed"] in adamw else None for r in runs]
+        paired = [r for r, hit in zip(runs, reach) if r["seed"] in adamw]
+        hits = [(hit, r) for r, hit in zip(runs, reach) if hit is not None]
+        if not paired:
+            steps_frac = wall_frac = "-"
+        elif len(hits) < len(paired):
+            steps_frac = wall_frac = f"not reached ({len(paired) - len(hits)} of {len(paired)} seeds)"
+        else:
+            steps_frac = f"{statistics.mean(h[0] / r['model']['steps'] for h, r in hits):.2f}"
+            wall_frac = f"{statistics.mean(h[1] / adamw[r['seed']]['wall'] for h, r in hits):.2f}"
+        vs_muon = [r["val_loss"][-1] - muon[r["seed"]]["val_loss"][-1] for r in runs if r["seed"] in muon]
+        step_ms = statistics.mean(1e3 * r["wall"] / r["timed_steps"] for r in runs)
+        opt_ms = statistics.mean(1e3 * r["optimizer_s"] / r["timed_steps"] for r in runs)
+        rows.append(
+            f"| {size} ({params_of(model) / 1e6:.2f}M, {model['steps']} steps) | {label} | {runs[0]['lr']:g} | "
+            f"{len(runs)} | {mean_std([r['val_loss'][-1] for r in runs])} | "
+            f"{f'{statistics.mean(vs_muon):+.4f}' if vs_muon and label != 'muon' else '-'} | {steps_frac} | "
+            f"{wall_frac} | {step_ms:.0f} | {opt_ms:.1f} ({opt_ms / step_ms:.0%}) |"
+        )
+    return rows
+
+
+def extrapolation(size: str) -> list[str]:
+    """The optimizer's share of a step at LARGE_BATCH tokens, from this size's measured costs:
+    forward and backward scale with tokens (f ms at the run's tokens), the optimizer does not (o ms)."""
+    lines = []
+    for label, runs in tuned(size).items():
+        model = runs[0]["model"]
+        tokens = model["batch"] * model["context"]
+        o = statistics.mean(1e3 * r["optimizer_s"] / r["timed_steps"] for r in runs)
+        f = statistics.mean(1e3 * (r["wall"] - r["optimizer_s"]) / r["timed_steps"] for r in runs)
+        large = f * LARGE_BATCH / tokens
+        lines.append(
+            f"| {size} | {label} | {o:.1f} | {f:.0f} | {1e6 * o / params_of(model):.2f} | "
+            f"{o:.1f} / ({o:.1f} + {f:.0f} x {LARGE_BATCH // tokens}) = {o / (o + large):.2%} |"
+        )
+    return lines
+
+
+def report(plots: str) -> None:
+    sizes = [s for s in SIZES if load(s)]
+    machines = sorted({r.get("machine", "not recorded") for s in sizes for r in load(s)})
+    print("Runs made on: " + "; ".join(machines) + "\n")
+    print("### Learning-rate sweeps (final validation loss, seed 0; best in bold)\n")
+    for size in sizes:
+        print("\n".join(sweep_table(size)) + "\n")
+    print("### Each optimizer at its best rate\n")
+    print(
+        "| size | optimizer | lr | seeds | final val loss (mean ± std) | minus Muon's (paired mean) | "
+        "fraction of AdamW's steps to its final loss | fraction of AdamW's seconds | ms / step | "
+        "optimizer ms / step (share) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for size in sizes:
+        print("\n".join(size_rows(size)))
+    print("\n### Best rate over AdamW's best rate\n")
+    print("| size | " + " | ".join(label for label in ("muon", "dash-defaults", "dash-ndb")) + " |")
+    print("|---|---|---|---|")
+    for size in sizes:
+        adamw = best_rate(size, "adamw")
+        cells = [
+            f"{best_rate(size, k) / adamw:g}" if adamw and best_rate(size, k) else "-"
+            for k in ("muon", "dash-defaults", "dash-ndb")
+        ]
+        print(f"| {size} | " + " | ".join(cells) + " |")
+    print(f"\n### Optimizer share at {LARGE_BATCH:,} tokens a step, from the measured costs\n")
+    print(
+        "| size | optimizer | optimizer ms (o) | forward+backward ms at the runs' 1,024 tokens (f) | "
+        "optimizer ms per million parameters | o / (o + f x 512) |"
+    )
+    print("|---|---|---|---|---|---|")
+    for size in sizes:
+        print("\n".join(extrapolation(size)))
+    plot(sizes, Path(plots))
+
+
+def plot(sizes: list[str], folder: Path) -> None:
+    """scaling_steps.png: the fraction of AdamW's steps each optimizer needs to reach AdamW's final
+    loss, against model size; scaling_sweeps.png: final loss against learning rate, per size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    for label in ("muon", "dash-defaults", "dash-ndb"):
+        xs, ys = [], []
+        for size in sizes:
+            at_best = tuned(size)
+            adamw = {r["seed"]: r for r in at_best.get("adamw", [])}
+            fracs = []
+            for r in at_best.get(label, []):
+                if r["seed"] in adamw:
+                    hit = first_reach(r, adamw[r["seed"]]["val_loss"][-1])
+                    fracs.append(hit[0] / r["model"]["steps"] if hit else 1.05)  # 1.05: not reached
+            if fracs:
+                xs.append(params_of(at_best[label][0]["model"]))
+                ys.append(statistics.mean(fracs))
+        ax.plot(xs, ys, marker="o", label=label)
+    ax.axhline(0.7, color="grey", ls="--", lw=1, label="target 0.7")
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set(xscale="log", xlabel="parameters", ylabel="fraction of AdamW's steps to its final loss (1.05: never)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(folder / "scaling_steps.png", dpi=120)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, len(sizes), figsize=(4.5 * len(sizes), 4), squeeze=False)
+    for ax, size in zip(axes[0], sizes):
+        runs = [r for r in load(size) if r["seed"] == 0]
+        for label in dict.fromkeys(r["optimizer"] for r in runs):
+            points = sorted((r["lr"], r["val_loss"][-1]) for r in runs if r["optimizer"] == label)
+            if len(points) > 1:
+                ax.plot(*zip(*points), marker="o", label=label)
+        ax.set(xscale="log", xlabel="peak learning rate", ylabel="final validation loss", title=f"size {size}")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(folder / "scaling_sweeps.png", dpi=120)
+    plt.close(fig)
+    print(f"\nwrote {folder / 'scaling_steps.png'}, {folder / 'scaling_sweeps.png'}")

@@ -1,0 +1,175 @@
+"""The scaling study's machinery (benchmarks/scaling.py, scaling_report.py, train_lm --size):
+its grid, the sweep's widening until the best rate is inside, and the report's arithmetic, on
+synthetic runs whose answers are known in closed form."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+
+import scaling  # noqa: E402
+import scaling_report  # noqa: E402
+import train_lm  # noqa: E402
+from llama import Llama, LlamaConfig  # noqa: E402
+
+
+def test_grid_is_one_and_three_per_decade():
+    rates = [scaling.grid_rate(i) for i in range(-2, 10)]
+    ratios = [b / a for a, b in zip(rates, rates[1:])]
+    assert all(r == pytest.approx(3) or r == pytest.approx(10 / 3) for r in ratios)
+    assert scaling.grid_rate(0) == 1e-4 and scaling.grid_rate(5) == 3e-2
+    assert all(scaling.grid_index(r) == i for i, r in zip(range(-2, 10), rates))
+    assert scaling.grid_index(2.9e-3) == scaling.grid_index(3e-3)
+
+
+def fake_trainer(best_lr: float, trained: list):
+    """Stands in for train_lm: a run's final loss is a parabola in log10(lr) around ``best_lr``."""
+
+    def train(size, label, rates, seeds, progress):
+        runs = []
+        for lr in rates:
+            for seed in seeds:
+                if (label, lr, seed) in trained:
+                    continue
+                trained.append((label, lr, seed))
+                loss = 1.0 + (math.log10(lr) - math.log10(best_lr)) ** 2
+                runs.append({"optimizer": label, "lr": lr, "seed": seed, "val_loss": [loss]})
+        scaling.record(size, runs)
+
+    return train
+
+
+@pytest.mark.parametrize("best", [3e-2, 3e-5, 1e-3])
+def test_sweep_widens_until_the_best_rate_is_inside(monkeypatch, tmp_path, best):
+    monkeypatch.setattr(scaling, "RESULTS", tmp_path)
+    trained = []
+    monkeypatch.setattr(scaling, "train", fake_trainer(best, trained))
+    assert scaling.sweep("s", "adamw", progress=False) == pytest.approx(best)
+    tried = sorted(lr for _, lr, _ in trained)
+    assert tried[0] < best < tried[-1]  # inside the grid, not on its edge
+    assert len(tried) == len(set(tried)) == 3 + abs(scaling.grid_index(best) - scaling.grid_index(1e-3))
+    # the next size starts around this size's best rate
+    trained.clear()
+    scaling.sweep("m", "adamw", progress=False)
+    low, center, high = sorted(lr for _, lr, _ in trained)
+    assert center == best and 3 <= best / low <= 3.34 and 3 <= high / best <= 3.34
+
+
+def test_sweep_gives_up_widening_at_the_grid_limit(monkeypatch, tmp_path):
+    monkeypatch.setattr(scaling, "RESULTS", tmp_path)
+    trained = []
+    monkeypatch.setattr(scaling, "train", fake_trainer(1e3, trained))  # the best rate is far off the grid
+    scaling.sweep("s", "adamw", progress=False)
+    assert len(trained) == scaling.MAX_GRID
+
+
+def curve(final_steps, losses, ms_per_step, optimizer_ms):
+    steps = list(range(10, 10 * len(losses) + 1, 10))
+    return {
+        "val_step": steps,
+        "val_loss": losses,
+        "val_wall": [s * ms_per_step / 1e3 for s in steps],
+        "wall": final_steps * ms_per_step / 1e3,
+        "timed_steps": final_steps,
+        "optimizer_s": final_steps * optimizer_ms / 1e3,
+        "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "steps": final_steps, "batch": 4, "context": 256},
+    }
+
+
+def test_report_fractions_against_adamw_and_muon(monkeypatch, tmp_path):
+    """AdamW ends at 2.0 after 50 steps at 10 ms; DASH passes 2.0 at step 20 (of 50) at 20 ms a step:
+    0.4 of AdamW's steps and 20 * 20 / (50 * 10) = 0.8 of its seconds; it ends 0.25 below Muon."""
+    monkeypatch.setattr(scaling, "RESULTS", tmp_path)
+    runs = [
+        {"optimizer": "adamw", "lr": 1e-3, "seed": 0, **curve(50, [3.0, 2.6, 2.3, 2.1, 2.0], 10, 1)},
+        {"optimizer": "adamw", "lr": 3e-3, "seed": 0, **curve(50, [3.0, 2.7, 2.4, 2.2, 2.1], 10, 1)},
+        {"optimizer": "dash-defaults", "lr": 3e-3, "seed": 0, **curve(50, [2.5, 2.0, 1.9, 1.8, 1.7], 20, 8)},
+        {"optimizer": "muon", "lr": 1e-2, "seed": 0, **curve(50, [2.8, 2.4, 2.2, 2.0, 1.95], 12, 3)},
+    ]
+    scaling.record("s", runs)
+    rows = {row.split("|")[2].strip(): [c.strip() for c in row.split("|")] for row in scaling_report.size_rows("s")}
+    dash = rows["dash-defaults"]
+    assert dash[3] == "0.003" and dash[6] == "-0.2500" and dash[7] == "0.40" and dash[8] == "0.80"
+    assert dash[9] == "20" and dash[10] == "8.0 (40%)"
+    assert rows["adamw"][3] == "0.001" and rows["adamw"][7] == "1.00"  # AdamW's best rate, not its last
+    assert rows["muon"][7] == "0.80"  # 1.95 <= 2.0 first at step 40
+    # at 524,288 tokens (512 x the runs' 1,024) forward+backward costs 12 ms x 512 = 6,144 ms against DASH's 8
+    share = next(r for r in scaling_report.extrapolation("s") if "dash-defaults" in r).split("|")[-2]
+    assert share.strip().endswith(f"= {8 / (8 + 12 * 512):.2%}")
+
+
+def test_report_marks_an_optimizer_that_never_reaches_adamw(monkeypatch, tmp_path):
+    monkeypatch.setattr(scaling, "RESULTS", tmp_path)
+    runs = [{"optimizer": "adamw", "lr": 1e-3, "seed": s, **curve(20, [2.5, 2.0], 10, 1)} for s in (0, 1)] + [
+        {"optimizer": "muon", "lr": 1e-2, "seed": s, **curve(20, [2.5, 2.0 + 0.1 * s], 10, 1)} for s in (0, 1)
+    ]
+    scaling.record("s", runs)
+    muon = next(r for r in scaling_report.size_rows("s") if "| muon |" in r)
+    assert "not reached (1 of 2 seeds)" in muon
+
+
+@pytest.mark.parametrize("size", ["s", "m", "l"])
+def test_params_of_counts_train_lms_model(size):
+    args = train_lm.parse_args(["--size", size])
+    config = LlamaConfig(
+        d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads, mlp_hidden=(8 * args.d_model) // 3
+    )
+    with torch.device("meta"):
+        model = Llama(config)
+    assert scaling_report.params_of(vars(args)) == sum(p.numel() for p in model.parameters())
+
+
+def test_size_presets_keep_the_main_job_and_yield_to_explicit_options():
+    default, small = train_lm.parse_args([]), train_lm.parse_args(["--size", "s"])
+    assert vars(small) == {**vars(default), "size": "s"}  # s is the main job
+    m = train_lm.parse_args(["--size", "m", "--steps", "7", "--d-model", "64"])
+    assert (m.steps, m.d_model, m.n_layers) == (7, 64, 4)  # given options win, the rest from the preset
+    assert scaling_report.params_of(vars(train_lm.parse_args(["--size", "m"]))) == 3_277_056  # the issue's 3.3M
+
+
+def test_train_runs_what_is_missing_in_one_process_per_set_of_rates(monkeypatch, tmp_path):
+    """train_lm is called once for the seeds that miss the same rates, with the optimizer's own
+    arguments, and every run it logs is recorded (here a stand-in writes train_lm's log)."""
+    monkeypatch.setattr(scaling, "RESULTS", tmp_path)
+    calls = []
+
+    def fake_run(command, **kwargs):
+        calls.append(command)
+        seeds = [int(x) for x in command[command.index("--seeds") + 1 : command.index("--runs")]]
+        runs = [x for x in command[command.index("--runs") + 1 :] if "@" in x]
+        assert all(r.startswith("dash-ndb@") for r in runs)
+        logged = [
+            {
+                "lr": float(r.split("@")[1]),
+                "seed": s,
+                "val_step": [2],
+                "val_loss": [1.0],
+                "val_wall": [0.1],
+                "timed_steps": 1,
+                "optimizer_s": 0.01,
+                "compile_s": 0.0,
+                "wall": [0.1],
+            }
+            for s in seeds
+            for r in runs
+        ]
+        model = {k: 1 for k in ["d_model", "n_layers", "n_heads", "steps", "batch", "context", "warmup"]}
+        (Path(command[command.index("--out") + 1]) / "log.json").write_text(json.dumps({"args": model, "runs": logged}))
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(scaling.subprocess, "run", fake_run)
+    scaling.record("s", [{"optimizer": "dash-ndb", "lr": 1e-3, "seed": 2, "val_loss": [1.0]}])
+    scaling.train("s", "dash-ndb", [1e-3, 3e-3], [0, 1, 2], progress=False)
+    assert len(calls) == 2  # seeds 0 and 1 miss both rates, seed 2 only 3e-3
+    assert all(c[c.index("--block-size") + 1] == "128" and c[c.index("--eps") + 1] == "1e-6" for c in calls)
+    recorded = {(r["lr"], r["seed"]) for r in scaling.load("s")}
+    assert recorded == {(lr, s) for lr in (1e-3, 3e-3) for s in (0, 1, 2)}
+    scaling.train("s", "dash-ndb", [1e-3, 3e-3], [0, 1, 2], progress=False)
+    assert len(calls) == 2  # nothing left to train

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from scaling import SIZES, best_rate, load
 
+COLORS = {"adamw": "C0", "muon": "C3", "dash-defaults": "C1", "dash-ndb": "C2"}
 # tokens per step of the extrapolation: a large-batch language-model step (e.g. 256 sequences of 2,048)
 LARGE_BATCH = 524_288
 
@@ -24,6 +25,13 @@ def params_of(model: dict) -> int:
 def mean_std(values: list[float]) -> str:
     spread = statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{statistics.mean(values):.4f} ± {spread:.4f}"
+
+
+def paired(differences: list[float]) -> str:
+    """Mean ± standard error of per-seed differences (a seed fixes data order and initial weights)."""
+    if len(differences) < 2:
+        return f"{statistics.mean(differences):+.4f}"
+    return f"{statistics.mean(differences):+.4f} ± {statistics.stdev(differences) / len(differences) ** 0.5:.4f}"
 
 
 def first_reach(run: dict, target: float) -> tuple[int, float] | None:
@@ -68,12 +76,12 @@ def size_rows(size: str) -> list[str]:
     for label, runs in at_best.items():
         model = runs[0]["model"]
         reach = [first_reach(r, adamw[r["seed"]]["val_loss"][-1]) if r["seed"] in adamw else None for r in runs]
-        paired = [r for r, hit in zip(runs, reach) if r["seed"] in adamw]
+        with_adamw = [r for r, hit in zip(runs, reach) if r["seed"] in adamw]
         hits = [(hit, r) for r, hit in zip(runs, reach) if hit is not None]
-        if not paired:
+        if not with_adamw:
             steps_frac = wall_frac = "-"
-        elif len(hits) < len(paired):
-            steps_frac = wall_frac = f"not reached ({len(paired) - len(hits)} of {len(paired)} seeds)"
+        elif len(hits) < len(with_adamw):
+            steps_frac = wall_frac = f"not reached ({len(with_adamw) - len(hits)} of {len(with_adamw)} seeds)"
         else:
             steps_frac = f"{statistics.mean(h[0] / r['model']['steps'] for h, r in hits):.2f}"
             wall_frac = f"{statistics.mean(h[1] / adamw[r['seed']]['wall'] for h, r in hits):.2f}"
@@ -83,7 +91,7 @@ def size_rows(size: str) -> list[str]:
         rows.append(
             f"| {size} ({params_of(model) / 1e6:.2f}M, {model['steps']} steps) | {label} | {runs[0]['lr']:g} | "
             f"{len(runs)} | {mean_std([r['val_loss'][-1] for r in runs])} | "
-            f"{f'{statistics.mean(vs_muon):+.4f}' if vs_muon and label != 'muon' else '-'} | {steps_frac} | "
+            f"{paired(vs_muon) if vs_muon and label != 'muon' else '-'} | {steps_frac} | "
             f"{wall_frac} | {step_ms:.0f} | {opt_ms:.1f} ({opt_ms / step_ms:.0%}) |"
         )
     return rows
@@ -115,7 +123,7 @@ def report(plots: str) -> None:
         print("\n".join(sweep_table(size)) + "\n")
     print("### Each optimizer at its best rate\n")
     print(
-        "| size | optimizer | lr | seeds | final val loss (mean ± std) | minus Muon's (paired mean) | "
+        "| size | optimizer | lr | seeds | final val loss (mean ± std) | minus Muon's (paired: mean ± s.e.) | "
         "fraction of AdamW's steps to its final loss | fraction of AdamW's seconds | ms / step | "
         "optimizer ms / step (share) |"
     )
@@ -165,10 +173,15 @@ def plot(sizes: list[str], folder: Path) -> None:
             if fracs:
                 xs.append(params_of(at_best[label][0]["model"]))
                 ys.append(statistics.mean(fracs))
-        ax.plot(xs, ys, marker="o", label=label)
+        ax.plot(xs, ys, marker="o", label=label, color=COLORS[label])
     ax.axhline(0.7, color="grey", ls="--", lw=1, label="target 0.7")
     ax.axhline(1.0, color="black", lw=0.8)
-    ax.set(xscale="log", xlabel="parameters", ylabel="fraction of AdamW's steps to its final loss (1.05: never)")
+    ax.set(
+        xscale="log",
+        xlabel="parameters",
+        ylabel="fraction of AdamW's steps",
+        title="steps to AdamW's final validation loss (1.05: never)",
+    )
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -181,7 +194,7 @@ def plot(sizes: list[str], folder: Path) -> None:
         for label in dict.fromkeys(r["optimizer"] for r in runs):
             points = sorted((r["lr"], r["val_loss"][-1]) for r in runs if r["optimizer"] == label)
             if len(points) > 1:
-                ax.plot(*zip(*points), marker="o", label=label)
+                ax.plot(*zip(*points), marker="o", label=label, color=COLORS.get(label))
         ax.set(xscale="log", xlabel="peak learning rate", ylabel="final validation loss", title=f"size {size}")
         ax.grid(alpha=0.3)
         ax.legend()

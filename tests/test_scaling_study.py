@@ -113,6 +113,8 @@ def test_report_marks_an_optimizer_that_never_reaches_adamw(monkeypatch, tmp_pat
     scaling.record("s", runs)
     muon = next(r for r in scaling_report.size_rows("s") if "| muon |" in r)
     assert "not reached (1 of 2 seeds)" in muon
+    adamw = next(r for r in scaling_report.size_rows("s") if "| adamw |" in r)
+    assert "| -0.0500 ± 0.0500 |" in adamw  # paired differences 0 and -0.1: mean -0.05, s.e. 0.1 / sqrt(2) / sqrt(2)
 
 
 @pytest.mark.parametrize("size", ["s", "m", "l"])
@@ -164,7 +166,10 @@ def test_train_runs_what_is_missing_in_one_process_per_set_of_rates(monkeypatch,
         (Path(command[command.index("--out") + 1]) / "log.json").write_text(json.dumps({"args": model, "runs": logged}))
         return subprocess.CompletedProcess(command, 0)
 
-    monkeypatch.setattr(scaling.subprocess, "run", fake_run)
+    monkeypatch.setattr(
+        scaling.subprocess, "run", fake_run
+    )  # the module-wide run: machine_line (uname) is replaced too
+    monkeypatch.setattr(scaling, "machine_line", lambda: "the test's machine")
     scaling.record("s", [{"optimizer": "dash-ndb", "lr": 1e-3, "seed": 2, "val_loss": [1.0]}])
     scaling.train("s", "dash-ndb", [1e-3, 3e-3], [0, 1, 2], progress=False)
     assert len(calls) == 2  # seeds 0 and 1 miss both rates, seed 2 only 3e-3

@@ -226,10 +226,10 @@ def train(
     final: dict | None = None,
 ) -> dict:
     """One run. Wall time counts the train steps, not the evaluations, and not the steps that
-        compile: the first two (HeavyBall's optimizers compile on their second call) and DASH's
-        first plain and first refresh step; their time is logged apart as compile_s. optimizer_s is the
-    part of the timed wall from the gradients' end to the update's. ``final``, if given, receives the final
-        parameters under the run's key ``OPTIMIZER@LR seed S``."""
+    compile: the first two (HeavyBall's optimizers compile on their second call) and DASH's
+    first plain and first refresh step; their time is logged apart as compile_s. optimizer_s is
+    the part of the timed wall from the gradients' end to the update's. ``final``, if given,
+    receives the final parameters under the run's key ``OPTIMIZER@LR seed S``."""
     train_data, val_data = corpus
     params = {k: v.clone() for k, v in init_params.items()}
     opt = Optimizer(name, params, args)

@@ -39,6 +39,12 @@ def first_reach(run: dict, target: float) -> tuple[int, float] | None:
     return next(((s, w) for s, w, v in zip(run["val_step"], run["val_wall"], run["val_loss"]) if v <= target), None)
 
 
+def step_fractions(at_best: dict[str, list[dict]], label: str) -> list[tuple[dict, tuple[int, float] | None]]:
+    """(run, its first reach of AdamW's final loss) for each of ``label``'s runs whose seed AdamW ran."""
+    adamw = {r["seed"]: r for r in at_best.get("adamw", [])}
+    return [(r, first_reach(r, adamw[r["seed"]]["val_loss"][-1])) for r in at_best.get(label, []) if r["seed"] in adamw]
+
+
 def tuned(size: str) -> dict[str, list[dict]]:
     """Each optimizer's runs at its best rate (seed 0's sweep; the variants at the rate they ran), by seed."""
     runs = load(size)
@@ -75,9 +81,8 @@ def size_rows(size: str) -> list[str]:
     rows = []
     for label, runs in at_best.items():
         model = runs[0]["model"]
-        reach = [first_reach(r, adamw[r["seed"]]["val_loss"][-1]) if r["seed"] in adamw else None for r in runs]
-        with_adamw = [r for r, hit in zip(runs, reach) if r["seed"] in adamw]
-        hits = [(hit, r) for r, hit in zip(runs, reach) if hit is not None]
+        with_adamw = step_fractions(at_best, label)
+        hits = [(hit, r) for r, hit in with_adamw if hit is not None]
         if not with_adamw:
             steps_frac = wall_frac = "-"
         elif len(hits) < len(with_adamw):
@@ -143,7 +148,7 @@ def report(plots: str) -> None:
     print(f"\n### Optimizer share at {LARGE_BATCH:,} tokens a step, from the measured costs\n")
     print(
         "| size | optimizer | optimizer ms (o) | forward+backward ms at the runs' 1,024 tokens (f) | "
-        "optimizer ms per million parameters | o / (o + f x 512) |"
+        "optimizer ms per million parameters | o / (o + f x the batch's multiple) |"
     )
     print("|---|---|---|---|---|---|")
     for size in sizes:
@@ -164,12 +169,8 @@ def plot(sizes: list[str], folder: Path) -> None:
         xs, ys = [], []
         for size in sizes:
             at_best = tuned(size)
-            adamw = {r["seed"]: r for r in at_best.get("adamw", [])}
-            fracs = []
-            for r in at_best.get(label, []):
-                if r["seed"] in adamw:
-                    hit = first_reach(r, adamw[r["seed"]]["val_loss"][-1])
-                    fracs.append(hit[0] / r["model"]["steps"] if hit else 1.05)  # 1.05: not reached
+            # 1.05: not reached
+            fracs = [hit[0] / r["model"]["steps"] if hit else 1.05 for r, hit in step_fractions(at_best, label)]
             if fracs:
                 xs.append(params_of(at_best[label][0]["model"]))
                 ys.append(statistics.mean(fracs))

@@ -166,9 +166,8 @@ def test_train_runs_what_is_missing_in_one_process_per_set_of_rates(monkeypatch,
         (Path(command[command.index("--out") + 1]) / "log.json").write_text(json.dumps({"args": model, "runs": logged}))
         return subprocess.CompletedProcess(command, 0)
 
-    monkeypatch.setattr(
-        scaling.subprocess, "run", fake_run
-    )  # the module-wide run: machine_line (uname) is replaced too
+    # subprocess.run is module-wide: machine_line (it runs uname) is replaced as well
+    monkeypatch.setattr(scaling.subprocess, "run", fake_run)
     monkeypatch.setattr(scaling, "machine_line", lambda: "the test's machine")
     scaling.record("s", [{"optimizer": "dash-ndb", "lr": 1e-3, "seed": 2, "val_loss": [1.0]}])
     scaling.train("s", "dash-ndb", [1e-3, 3e-3], [0, 1, 2], progress=False)

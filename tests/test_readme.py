@@ -9,12 +9,12 @@ MASTER_PORT from the environment, which the test sets to a free port).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -88,6 +88,28 @@ def argparse_scripts() -> list[Path]:
     ]
 
 
+HELP_OF_EACH = """
+import contextlib, io, json, runpy, sys, traceback
+from pathlib import Path
+results = {}
+for script in sys.argv[1:]:
+    sys.argv = [script, "--help"]
+    sys.path.insert(0, str(Path(script).parent))
+    text, code = io.StringIO(), None
+    try:
+        with contextlib.redirect_stdout(text), contextlib.redirect_stderr(text):
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as exit:
+        code = exit.code
+    except BaseException:
+        code = "raised"
+        text.write(traceback.format_exc())
+    sys.path.pop(0)
+    results[script] = [code, text.getvalue()]
+sys.__stdout__.write(json.dumps(results))
+"""
+
+
 def option_entries(help_text: str) -> list[str]:
     """The entries of the options section of an argparse --help, each joined onto one line."""
     lines = help_text.splitlines()
@@ -118,20 +140,21 @@ def test_every_script_help_shows_each_default_once():
         "step_bench.py",
     } <= names, names
 
-    def run(path):
-        return subprocess.run(
-            [sys.executable, str(path), "--help"], cwd=ROOT, capture_output=True, text=True, timeout=300
-        )
-
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        results = dict(zip(scripts, pool.map(run, scripts)))
+    # one interpreter for all of them (torch is imported once): runpy runs each script as
+    # __main__ with argv [script, --help]; argparse prints the help and raises SystemExit(0)
+    result = subprocess.run(
+        [sys.executable, "-c", HELP_OF_EACH, *map(str, scripts)], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    results = json.loads(result.stdout)
     problems = []
-    for path, result in results.items():
+    for path in scripts:
         name = path.relative_to(ROOT)
-        if result.returncode != 0:
-            problems.append(f"{name} --help exited {result.returncode}: {result.stderr[-500:]}")
+        code, text = results[str(path)]
+        if code != 0:
+            problems.append(f"{name} --help exited {code!r}: {text[-500:]}")
             continue
-        for entry in option_entries(result.stdout):
+        for entry in option_entries(text):
             if entry.startswith("-h, --help"):
                 continue
             if entry.count("(default:") != 1 or len(re.findall(r"\bdefault\b", entry, re.IGNORECASE)) != 1:

@@ -17,6 +17,7 @@ import dash_fn
 import fsdp_worker
 from dash_fn.distributed.fsdp import local_shape, make_fsdp_shard, moved_elements, plan_bands, shard_rows
 from dash_fn.plan import make_plan
+from dash_fn.strategy import simulating
 
 WORKER = os.path.join(os.path.dirname(__file__), "fsdp_worker.py")
 SHAPES = [(30, 20), (2, 9), (5, 3, 2, 2), (1, 12, 4), (30,), (7,), (0, 4), (17, 1)]
@@ -162,7 +163,10 @@ def launch(world_size: int, out, task: str, *args: str) -> None:
 
 
 # W = 2 also runs under the simulated accelerator strategy (README, Tests)
-@pytest.fixture(scope="module", params=[pytest.param(2, marks=pytest.mark.accelerator), 3])
+WORLD_SIZE = 2 if simulating() else 3  # one a strategy, as in test_distributed
+
+
+@pytest.fixture(scope="module", params=[pytest.param(WORLD_SIZE, marks=pytest.mark.accelerator)])
 def ranks(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"fsdp_w{request.param}")
     launch(request.param, out, "equal")

@@ -163,6 +163,7 @@ ADAPTER_CONFIG = {
 }  # eps_graft: eps is the damping
 
 
+@pytest.mark.sets_accelerator  # runs both strategies itself
 def test_adapter_schedule_counts_every_call_skipped_or_not():
     """The adapter's refresh schedule counts calls on the host: a NaN gradient on a refresh
     step (call 4) is skipped and still refreshes the roots from the unchanged factors, and the

@@ -39,9 +39,14 @@ format-check: venv
 typecheck: venv
 	$(BIN)/mypy
 
+# The tests run one torch thread each (tests/conftest.py), so one pytest worker a core keeps
+# every core busy; --dist loadfile keeps a file's tests, and its module fixtures (the
+# multi-process DDP and FSDP2 runs), on one worker.
+PYTEST := $(BIN)/python -m pytest -q --durations=15 -n auto --dist loadfile
+
 pytest: venv
-	$(BIN)/python -m pytest -q --durations=15
+	$(PYTEST)
 
 # the tests of what an accelerator executes, with the accelerator strategy simulated on the CPU
 accelerator: venv
-	DASH_FN_SIMULATE_ACCELERATOR=1 $(BIN)/python -m pytest -q --durations=15 -m "accelerator and not inductor and not sets_accelerator"
+	DASH_FN_SIMULATE_ACCELERATOR=1 $(PYTEST) -m "accelerator and not inductor and not sets_accelerator"

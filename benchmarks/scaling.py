@@ -47,6 +47,8 @@ OPTIMIZERS = {
     "dash-ndb": ("dash-ndb", ["--block-size", "128", "--eps", "1e-6"]),
     "dash-periodic": ("dash-defaults", ["--refresh-schedule", "periodic"]),
     "dash-bf16": ("dash-defaults", ["--dash", f"root_dtype={BF16}", f"grad_ema_dtype={BF16}", f"graft_dtype={BF16}"]),
+    # blocks as wide as the model at size l (the defaults' 256 is d_model at size m)
+    "dash-block512": ("dash-defaults", ["--dash", "block_size=512"]),
 }
 SWEPT = ["adamw", "muon", "dash-defaults", "dash-ndb"]
 # the best rates of the main job (size s; README), where the first sweep starts

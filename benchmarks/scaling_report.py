@@ -141,7 +141,7 @@ def report(plots: str) -> None:
     for size in sizes:
         adamw = best_rate(size, "adamw")
         cells = [
-            f"{best_rate(size, k) / adamw:g}" if adamw and best_rate(size, k) else "-"
+            f"{best_rate(size, k) / adamw:.2g}" if adamw and best_rate(size, k) else "-"  # 1e-3 / 3e-4: 3.3
             for k in ("muon", "dash-defaults", "dash-ndb")
         ]
         print(f"| {size} | " + " | ".join(cells) + " |")
@@ -163,6 +163,8 @@ def plot(sizes: list[str], folder: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
 
     fig, ax = plt.subplots(figsize=(6, 4.2))
     for label in ("muon", "dash-defaults", "dash-ndb"):

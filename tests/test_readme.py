@@ -99,8 +99,8 @@ for script in sys.argv[1:]:
     try:
         with contextlib.redirect_stdout(text), contextlib.redirect_stderr(text):
             runpy.run_path(script, run_name="__main__")
-    except SystemExit as exit:
-        code = exit.code
+    except SystemExit as stop:
+        code = stop.code
     except BaseException:
         code = "raised"
         text.write(traceback.format_exc())

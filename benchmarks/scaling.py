@@ -2,6 +2,7 @@
 
     python benchmarks/scaling.py sweep --size s            # seed 0 over a grid of learning rates
     python benchmarks/scaling.py seeds --size s --seeds 1 2  # more seeds at each optimizer's best rate
+    python benchmarks/scaling.py seeds --size l --seeds 0 --steps 1200  # the same rates, trained longer
     python benchmarks/scaling.py report [--plots benchmarks/results]  # tables for RESULTS, plots
 
 Every run is one ``examples/train_lm.py --size SIZE`` run (the sizes, their steps and batch are
@@ -12,6 +13,9 @@ ends inside. ``seeds`` trains more seeds at the best rate of seed 0's sweep. Run
 recorded are not trained again: every finished run is added to
 ``benchmarks/results/scaling/SIZE.json`` (its validation curve, wall time and the optimizer's
 share of it), which ``report`` reads; an interrupted call loses only its unfinished run.
+``seeds --steps N`` trains at the same best rates for N steps instead of the size's preset (the
+warm-up unchanged, the cosine decay stretched to N) and records in ``SIZE-N.json``: whether a
+result at one size is a matter of training length.
 
 The optimizers (``--optimizers``): AdamW, torch.optim.Muon (AdamW on the embedding, head and
 vectors), DASH at its defaults (``DashConfig()``: blocks of 256, eigh roots on the CPU refreshed
@@ -65,26 +69,40 @@ def grid_index(rate: float) -> int:
     return min(range(-8, 16), key=lambda i: abs(math.log(grid_rate(i) / rate)))
 
 
-def load(size: str) -> list[dict]:
-    path = RESULTS / f"{size}.json"
+def study(size: str, steps: int | None = None) -> str:
+    """The name of a results file: the size, or the size and a step budget other than its preset's."""
+    return size if steps is None else f"{size}-{steps}"
+
+
+def longer_studies() -> list[str]:
+    """The results files of runs longer (or shorter) than their size's preset, e.g. ``l-1200``."""
+    return sorted(p.stem for p in RESULTS.glob("*-*.json"))
+
+
+def load(name: str) -> list[dict]:
+    path = RESULTS / f"{name}.json"
     return json.loads(path.read_text())["runs"] if path.exists() else []
 
 
-def record(size: str, runs: list[dict]) -> None:
-    """Add finished runs to the size's file (a run with the same optimizer, rate and seed is replaced)."""
+def record(name: str, runs: list[dict]) -> None:
+    """Add finished runs to a results file (a run with the same optimizer, rate and seed is replaced)."""
     key = lambda r: (r["optimizer"], r["lr"], r["seed"])
-    kept = {key(r): r for r in load(size)}
+    kept = {key(r): r for r in load(name)}
     kept.update({key(r): r for r in runs})
     RESULTS.mkdir(parents=True, exist_ok=True)
     ordered = sorted(kept.values(), key=lambda r: (r["optimizer"], r["seed"], r["lr"]))
-    (RESULTS / f"{size}.json").write_text(json.dumps({"size": size, "runs": ordered}, indent=1) + "\n")
+    (RESULTS / f"{name}.json").write_text(json.dumps({"size": name, "runs": ordered}, indent=1) + "\n")
 
 
-def train(size: str, label: str, rates: list[float], seeds: list[int], progress: bool) -> None:
+def train(
+    size: str, label: str, rates: list[float], seeds: list[int], progress: bool, steps: int | None = None
+) -> None:
     """Train the runs not yet recorded, in one train_lm process per set of rates (its compiled
-    gradient shared by the rates and seeds), and record each as soon as its process has logged it."""
+    gradient shared by the rates and seeds), and record each as soon as its process has logged it.
+    ``steps``: train that many steps instead of the size's preset, recorded apart (``study``)."""
     name, extra = OPTIMIZERS[label]
-    done = {(r["lr"], r["seed"]) for r in load(size) if r["optimizer"] == label}
+    results = study(size, steps)
+    done = {(r["lr"], r["seed"]) for r in load(results) if r["optimizer"] == label}
     by_rates: dict[tuple, list[int]] = {}
     for seed in seeds:
         todo = tuple(lr for lr in rates if (lr, seed) not in done)
@@ -94,13 +112,14 @@ def train(size: str, label: str, rates: list[float], seeds: list[int], progress:
         with tempfile.TemporaryDirectory() as out:
             command = [sys.executable, str(ROOT / "examples" / "train_lm.py"), "--size", size]
             command += ["--seeds", *map(str, todo_seeds), "--runs", *(f"{name}@{lr:g}" for lr in todo), *extra]
+            command += [] if steps is None else ["--steps", str(steps)]
             command += ["--out", out] + ([] if progress else ["--no-progress"])
             print(f"$ {label}:", " ".join(command[1:]), flush=True)
             finished = subprocess.run(command, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
             log = Path(out) / "log.json"
             if log.exists():
                 logged = json.loads(log.read_text())
-                record(size, [summary(label, r, logged["args"]) for r in logged["runs"]])
+                record(results, [summary(label, r, logged["args"]) for r in logged["runs"]])
             if finished.returncode:
                 raise SystemExit(f"train_lm failed ({finished.returncode}); finished runs are recorded")
 
@@ -150,9 +169,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--rate-of", choices=SWEPT, help="seeds: train at this optimizer's best rate instead of each one's own"
     )
+    parser.add_argument("--steps", type=int, help="seeds: train this many steps instead of the size's preset")
     parser.add_argument("--plots", default=str(ROOT / "benchmarks" / "results"), help="report: folder of the plots")
     parser.add_argument("--progress", action="store_true", help="train_lm's progress bars")
     args = parser.parse_args(argv)
+    if args.steps is not None and (args.command != "seeds" or args.steps < 1):
+        parser.error("--steps is a positive step count for the seeds command (a sweep tunes at the preset's steps)")
     if args.command == "sweep":
         for label in args.optimizers:
             print(f"{label} at size {args.size}: best rate {sweep(args.size, label, args.progress):g}", flush=True)
@@ -161,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
             rate = best_rate(args.size, args.rate_of or label)
             if rate is None:
                 raise SystemExit(f"no sweep of {args.rate_of or label} at size {args.size}: run sweep first")
-            train(args.size, label, [rate], args.seeds, args.progress)
+            train(args.size, label, [rate], args.seeds, args.progress, args.steps)
     else:
         from scaling_report import report
 

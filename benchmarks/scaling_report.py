@@ -8,11 +8,17 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from scaling import SIZES, best_rate, load
+from scaling import SIZES, best_rate, load, longer_studies
 
 COLORS = {"adamw": "C0", "muon": "C3", "dash-defaults": "C1", "dash-ndb": "C2"}
 # tokens per step of the extrapolation: a large-batch language-model step (e.g. 256 sequences of 2,048)
 LARGE_BATCH = 524_288
+# the head of size_rows' table; its first column names the results file
+ROWS_HEAD = (
+    "| {} | optimizer | lr | seeds | final val loss (mean ± std) | minus Muon's (paired: mean ± s.e.) | "
+    "fraction of AdamW's steps to its final loss | fraction of AdamW's seconds | ms / step | "
+    "optimizer ms / step (share) |\n|---|---|---|---|---|---|---|---|---|---|"
+)
 
 
 def params_of(model: dict) -> int:
@@ -127,14 +133,15 @@ def report(plots: str) -> None:
     for size in sizes:
         print("\n".join(sweep_table(size)) + "\n")
     print("### Each optimizer at its best rate\n")
-    print(
-        "| size | optimizer | lr | seeds | final val loss (mean ± std) | minus Muon's (paired: mean ± s.e.) | "
-        "fraction of AdamW's steps to its final loss | fraction of AdamW's seconds | ms / step | "
-        "optimizer ms / step (share) |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print(ROWS_HEAD.format("size"))
     for size in sizes:
         print("\n".join(size_rows(size)))
+    longer = longer_studies()
+    if longer:
+        print("\n### Trained longer, at the rates of the size's sweep\n")
+        print(ROWS_HEAD.format("study"))
+        for name in longer:
+            print("\n".join(size_rows(name)))
     print("\n### Best rate over AdamW's best rate\n")
     print("| size | " + " | ".join(label for label in ("muon", "dash-defaults", "dash-ndb")) + " |")
     print("|---|---|---|---|")

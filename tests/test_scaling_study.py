@@ -136,17 +136,13 @@ def test_size_presets_keep_the_main_job_and_yield_to_explicit_options():
     assert scaling_report.params_of(vars(train_lm.parse_args(["--size", "m"]))) == 3_277_056  # the issue's 3.3M
 
 
-def test_train_runs_what_is_missing_in_one_process_per_set_of_rates(monkeypatch, tmp_path):
-    """train_lm is called once for the seeds that miss the same rates, with the optimizer's own
-    arguments, and every run it logs is recorded (here a stand-in writes train_lm's log)."""
-    monkeypatch.setattr(scaling, "RESULTS", tmp_path)
-    calls = []
+def fake_train_lm(monkeypatch, calls: list):
+    """Replaces train_lm's process with a stand-in that writes its log of every run asked for."""
 
     def fake_run(command, **kwargs):
         calls.append(command)
         seeds = [int(x) for x in command[command.index("--seeds") + 1 : command.index("--runs")]]
         runs = [x for x in command[command.index("--runs") + 1 :] if "@" in x]
-        assert all(r.startswith("dash-ndb@") for r in runs)
         logged = [
             {
                 "lr": float(r.split("@")[1]),
@@ -169,6 +165,14 @@ def test_train_runs_what_is_missing_in_one_process_per_set_of_rates(monkeypatch,
     # subprocess.run is module-wide: machine_line (it runs uname) is replaced as well
     monkeypatch.setattr(scaling.subprocess, "run", fake_run)
     monkeypatch.setattr(scaling, "machine_line", lambda: "the test's machine")
+
+
+def test_train_runs_what_is_missing_in_one_process_per_set_of_rates(monkeypatch, tmp_path):
+    """train_lm is called once for the seeds that miss the same rates, with the optimizer's own
+    arguments, and every run it logs is recorded (here a stand-in writes train_lm's log)."""
+    monkeypatch.setattr(scaling, "RESULTS", tmp_path)
+    calls = []
+    fake_train_lm(monkeypatch, calls)
     scaling.record("s", [{"optimizer": "dash-ndb", "lr": 1e-3, "seed": 2, "val_loss": [1.0]}])
     scaling.train("s", "dash-ndb", [1e-3, 3e-3], [0, 1, 2], progress=False)
     assert len(calls) == 2  # seeds 0 and 1 miss both rates, seed 2 only 3e-3
@@ -177,3 +181,21 @@ def test_train_runs_what_is_missing_in_one_process_per_set_of_rates(monkeypatch,
     assert recorded == {(lr, s) for lr in (1e-3, 3e-3) for s in (0, 1, 2)}
     scaling.train("s", "dash-ndb", [1e-3, 3e-3], [0, 1, 2], progress=False)
     assert len(calls) == 2  # nothing left to train
+
+
+def test_longer_runs_train_at_the_sweeps_rate_and_are_recorded_apart(monkeypatch, tmp_path):
+    monkeypatch.setattr(scaling, "RESULTS", tmp_path)
+    calls = []
+    fake_train_lm(monkeypatch, calls)
+    sweep = [{"optimizer": "muon", "lr": lr, "seed": 0, "val_loss": [v]} for lr, v in ((3e-3, 1.5), (1e-2, 1.2))]
+    scaling.record("l", sweep)
+    scaling.main(["seeds", "--size", "l", "--seeds", "0", "1", "--steps", "1200", "--optimizers", "muon"])
+    (command,) = calls
+    assert command[command.index("--steps") + 1] == "1200" and command[command.index("--size") + 1] == "l"
+    assert "muon@0.01" in command  # the best rate of the 600-step sweep
+    assert scaling.load("l") == sweep  # the preset's file is untouched
+    assert {(r["lr"], r["seed"]) for r in scaling.load("l-1200")} == {(1e-2, 0), (1e-2, 1)}
+    assert scaling.longer_studies() == ["l-1200"]
+    assert any(row.startswith("| l-1200 (") for row in scaling_report.size_rows("l-1200"))
+    with pytest.raises(SystemExit):
+        scaling.main(["sweep", "--size", "l", "--steps", "1200"])  # a sweep tunes at the preset's steps

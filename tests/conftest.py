@@ -3,10 +3,17 @@ import os
 import pytest
 import torch
 
+from dash_fn.strategy import simulating
+
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".cache", "inductor"))
 # The tests use small blocks, where OpenMP threads only add scheduling stalls (up to 300x on a
 # loaded 2-core machine, measured); one thread makes their run time predictable.
 torch.set_num_threads(1)
+
+# The multi-process equality tests (DDP, FSDP2) launch one world size a strategy: 3 ranks (uneven
+# shares) in the main pass, 2 in the accelerator pass (README, Tests); ownership is the same under
+# both.
+DISTRIBUTED_WORLD_SIZE = 2 if simulating() else 3
 
 MIXED_SHAPES = {"square": (64, 64), "rect": (100, 37), "conv": (3, 5, 7, 7), "bias": (256,), "vec": (7,), "scalar": ()}
 

@@ -14,10 +14,9 @@ import pytest
 import torch
 
 import dash_fn
-from conftest import mixed_params
+from conftest import DISTRIBUTED_WORLD_SIZE, mixed_params
 from dash_fn.distributed import make_shard, owned_ranges, ownership, rank_loads
 from dash_fn.plan import make_plan
-from dash_fn.strategy import simulating
 
 WORKER = os.path.join(os.path.dirname(__file__), "distributed_worker.py")
 
@@ -122,13 +121,8 @@ def test_a_ranks_checkpoint_loads_only_on_that_rank(tmp_path):
     assert "shard" not in blob  # one-process files are as before
 
 
-# One world size a strategy: 3 ranks (uneven shares) in the main pass, 2 in the accelerator pass
-# (README, Tests). Ownership is the same under both; the workers count syncs under the simulated
-# strategy in either pass.
-WORLD_SIZE = 2 if simulating() else 3
-
-
-@pytest.fixture(scope="module", params=[pytest.param(WORLD_SIZE, marks=pytest.mark.accelerator)])
+# The workers count syncs under the simulated strategy in either pass.
+@pytest.fixture(scope="module", params=[pytest.param(DISTRIBUTED_WORLD_SIZE, marks=pytest.mark.accelerator)])
 def ranks(request, tmp_path_factory):
     """Every rank's results of tests/distributed_worker.py run in ``world_size`` processes."""
     world_size = request.param

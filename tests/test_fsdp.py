@@ -15,9 +15,9 @@ import torch
 
 import dash_fn
 import fsdp_worker
+from conftest import DISTRIBUTED_WORLD_SIZE
 from dash_fn.distributed.fsdp import local_shape, make_fsdp_shard, moved_elements, plan_bands, shard_rows
 from dash_fn.plan import make_plan
-from dash_fn.strategy import simulating
 
 WORKER = os.path.join(os.path.dirname(__file__), "fsdp_worker.py")
 SHAPES = [(30, 20), (2, 9), (5, 3, 2, 2), (1, 12, 4), (30,), (7,), (0, 4), (17, 1)]
@@ -162,11 +162,7 @@ def launch(world_size: int, out, task: str, *args: str) -> None:
         assert proc.returncode == 0, error[-3000:]
 
 
-# W = 2 also runs under the simulated accelerator strategy (README, Tests)
-WORLD_SIZE = 2 if simulating() else 3  # one a strategy, as in test_distributed
-
-
-@pytest.fixture(scope="module", params=[pytest.param(WORLD_SIZE, marks=pytest.mark.accelerator)])
+@pytest.fixture(scope="module", params=[pytest.param(DISTRIBUTED_WORLD_SIZE, marks=pytest.mark.accelerator)])
 def ranks(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"fsdp_w{request.param}")
     launch(request.param, out, "equal")

@@ -23,7 +23,8 @@ in a staggered tenth every step under torch.compile), and the main job's best DA
 blocks of 128, eps 1e-6); ``dash-periodic`` (the defaults with every root refreshed every 10th
 step) and ``dash-bf16`` (the defaults with roots, gradient EMA and grafting moments stored in
 bfloat16) are measured at the defaults' best rate (``seeds --optimizers dash-periodic dash-bf16
---rate-of dash-defaults``).
+--rate-of dash-defaults``), as are ``dash-block512`` (blocks of 512) and ``dash-defaults-ndb``
+(NDB roots, which ``solver="auto"`` picks on a GPU).
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ OPTIMIZERS = {
     "dash-bf16": ("dash-defaults", ["--dash", f"root_dtype={BF16}", f"grad_ema_dtype={BF16}", f"graft_dtype={BF16}"]),
     # blocks as wide as the model at size l (the defaults' 256 is d_model at size m)
     "dash-block512": ("dash-defaults", ["--dash", "block_size=512"]),
+    # the defaults as they resolve off the CPU (solver="auto" is NDB there): the solver apart from
+    # dash-ndb's blocks of 128 and eps 1e-6
+    "dash-defaults-ndb": ("dash-defaults", ["--dash", "solver=ndb"]),
 }
 SWEPT = ["adamw", "muon", "dash-defaults", "dash-ndb"]
 # the best rates of the main job (size s; README), where the first sweep starts

@@ -176,6 +176,7 @@ def test_train_runs_what_is_missing_in_one_process_per_set_of_rates(monkeypatch,
     scaling.record("s", [{"optimizer": "dash-ndb", "lr": 1e-3, "seed": 2, "val_loss": [1.0]}])
     scaling.train("s", "dash-ndb", [1e-3, 3e-3], [0, 1, 2], progress=False)
     assert len(calls) == 2  # seeds 0 and 1 miss both rates, seed 2 only 3e-3
+    assert all(x.startswith("dash-ndb@") for c in calls for x in c[c.index("--runs") + 1 :] if "@" in x)
     assert all(c[c.index("--block-size") + 1] == "128" and c[c.index("--eps") + 1] == "1e-6" for c in calls)
     recorded = {(r["lr"], r["seed"]) for r in scaling.load("s")}
     assert recorded == {(lr, s) for lr in (1e-3, 3e-3) for s in (0, 1, 2)}

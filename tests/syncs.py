@@ -73,11 +73,13 @@ def cuda_graph_skip_reasons(gm: torch.fx.GraphModule, example_inputs) -> list[st
         for node in gm.graph.nodes
         if node.op == "call_function" and node.target is aten.copy_.default and node.args[0] in placeholders
     ]
+    rebound = [node for node in gm.graph.nodes if node.op == "call_function" and "aten.set_" in str(node.target)]
     reasons = [
         cudagraph_utils.check_for_mutation_ignore_cuda_graph_managed_tensor(
             gm, {node.args[0].name for node in mutated}, {placeholders.index(node.args[0]) for node in mutated}, static
         ),
-        cudagraph_utils.get_input_storage_mutation_reason(cudagraph_utils.get_input_storage_mutation_info(gm)),
+        # Inductor's own check of this (2.13 on) is not in torch 2.11: the same test, by hand
+        "input storage rebound (set_)" if any(node.args[0] in placeholders for node in rebound) else None,
     ]
     if not all(isinstance(x, (torch.Tensor, torch.SymInt, torch.Generator)) for x in example_inputs):
         reasons.append("non-Tensor inputs")

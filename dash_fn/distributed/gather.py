@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ..plan import ParamPlan, Plan, block_ranges, gather, lay_out_factors, scatter_param, stack_sizes
+from ..torch_versions import all_gather_single
 from .ownership import ownership
 
 
@@ -127,8 +128,6 @@ def gather_directions(
     """
     if shard.world_size == 1 or not directions:
         return list(directions)
-    import torch.distributed._functional_collectives as collectives
-
     dtype = directions[0].dtype
     widths = [max(n) for n in shard.counts]
     packed = []
@@ -138,12 +137,8 @@ def gather_directions(
     buffer = torch.cat(packed) if len(packed) > 1 else packed[0]
     if comm_dtype is not None:
         buffer = buffer.to(comm_dtype)
-    gathered = (
-        # the group name: torch types it as GroupName, a NewType of str; set whenever W > 1
-        collectives.wait_tensor(collectives.all_gather_single(buffer, 0, shard.group_name))  # type: ignore[arg-type]
-        .view(shard.world_size, -1)
-        .to(dtype)
-    )
+    group_name: str = shard.group_name  # type: ignore[assignment]  # set whenever W > 1
+    gathered = all_gather_single(buffer, group_name).view(shard.world_size, -1).to(dtype)
     full, start = [], 0
     for P, width, n in zip(directions, widths, shard.counts):
         size = width * P.shape[1] * P.shape[2]

@@ -91,8 +91,10 @@ def inverse_root(
 # Temporaries a solver holds at its peak, in blocks per block solved (with its output block),
 # measured with benchmarks/peak_memory.py (tests/test_refresh_memory.py keeps them true).
 WORKSPACE = {"eigh": 5, "ndb": 12, "cn": 8, "chebyshev": 7}
-# Temporaries below this many bytes are never cut up: small chunks would starve a GPU.
-SMALL_WORKSPACE = 64 * 2**20
+# Temporaries below this many bytes are never cut up: small chunks would starve a GPU, and each
+# chunk is one more unrolled copy of the solver in a compiled graph, whose compile time grows
+# with its ops (tests/test_graph_size.py). A GPU holds this much many times over.
+SMALL_WORKSPACE = 2**30
 
 
 def chunk_blocks(count: int, block_bytes: int, solver: str) -> int:
@@ -118,7 +120,8 @@ def refresh_roots(
     (``strategy``, by default the one of the factors' device, may allow host reads).
 
     The stack is solved in chunks (:func:`chunk_blocks`), each written into the result, so
-    that a refresh holds at most about two stacks: the result and one chunk's temporaries.
+    that a refresh holds at most about two stacks (the result and one chunk's temporaries), or
+    the result and SMALL_WORKSPACE, whichever is larger.
     eigh eagerly on the CPU with every factor finite solves the whole stack at once: there is
     no substitution stack, and the eigh op works a few blocks at a time in its threads, so the
     refresh holds its output and at most the fallback's selection (and saves the copy).

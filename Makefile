@@ -11,7 +11,7 @@ EXTRAS := .[test,examples,integrations]
 SOURCES := dash_fn tests benchmarks examples
 INSTALLED := $(VENV)/.installed
 
-.PHONY: main test lint ruff format-check typecheck pytest accelerator venv
+.PHONY: main test lint ruff format-check typecheck pytest accelerator compat venv
 
 venv: $(INSTALLED)
 
@@ -26,7 +26,7 @@ $(INSTALLED): pyproject.toml Makefile
 main: venv
 	$(BIN)/python examples/train_lm.py
 
-test: lint pytest accelerator
+test: lint pytest accelerator compat
 
 lint: ruff format-check typecheck
 
@@ -50,3 +50,10 @@ pytest: venv
 # the tests of what an accelerator executes, with the accelerator strategy simulated on the CPU
 accelerator: venv
 	DASH_FN_SIMULATE_ACCELERATOR=1 $(PYTEST) -m "accelerator and not inductor and not sets_accelerator"
+
+# the tests where torch releases can differ, on the oldest and newest supported torch, each in a
+# venv of its own kept between runs (.ci/compat says how); COMPAT_TORCH="" skips it
+COMPAT_TORCH ?= 2.11.0 2.15.0
+
+compat:
+	$(if $(strip $(COMPAT_TORCH)),bash .ci/compat $(COMPAT_TORCH),@echo "compat: skipped (COMPAT_TORCH is empty)")

@@ -3,6 +3,8 @@
 import os
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 
 import gpu_check  # noqa: E402
@@ -10,13 +12,63 @@ import stagger_bench  # noqa: E402
 import step_bench  # noqa: E402
 
 
-def test_gpu_check_dry_run(capsys):
-    gpu_check.main(["--dry-run", "--solver", "ndb"])
-    out = capsys.readouterr().out
+@pytest.mark.compat
+def test_gpu_check_dry_run(tmp_path):
+    report = tmp_path / "gpu.md"
+    assert gpu_check.main(["--dry-run", "--solver", "ndb", "--out", str(report)]) == 0
+    out = report.read_text()
     assert "| dash_fn compiled (aot_eager) | tiny | 16 | ndb |" in out
     assert "sequential per-block" in out and "torch AdamW (foreach)" in out
     assert "| adapter, eager | no sync in 5 steps |" in out  # counted under the simulated accelerator strategy
+    assert "| functional step, compiled | ran 5 steps" in out and "from eager (limit 1e-04) |" in out
     assert "| ndb: float32 on cpu vs float64 on CPU" in out
+    assert "every check passed" in out.splitlines()[-1]
+
+
+def test_gpu_check_keeps_going_after_a_failed_row_and_fails_the_run(tmp_path, monkeypatch):
+    """A row that raises is reported with its error and innermost frames, the rows before it are
+    already in the file, the rows after it still run, and the run's status says it failed."""
+    report = tmp_path / "gpu.md"
+    later = []
+
+    def planted(*args):
+        assert "| functional step, compiled |" in report.read_text()  # written as it completed
+        raise RuntimeError("planted failure")
+
+    monkeypatch.setattr(gpu_check, "accuracy", planted)
+    monkeypatch.setattr(gpu_check, "timing_rows", lambda *args: later.append(True))
+    assert gpu_check.main(["--dry-run", "--out", str(report)]) == 1
+    out = report.read_text()
+    assert "| ndb: float32 on cpu vs float64 on CPU, 12 steps, max relative difference | RuntimeError: planted" in out
+    assert "test_benchmark_scripts.py:" in out and "planted) **FAILED** |" in out
+    assert later == [True]
+    assert out.splitlines()[-1].startswith("FAILED: ndb: float32 on cpu vs float64 on CPU")
+
+
+def test_gpu_check_fails_on_wrong_numbers(tmp_path, monkeypatch):
+    """Compiled results off eager by more than the tolerance, and a device far from float64
+    where the CPU's float32 is close, fail their rows (a run that only crashes can't catch them)."""
+    report = tmp_path / "gpu.md"
+    monkeypatch.setattr(gpu_check, "COMPILED_TOLERANCE", -1.0)
+    monkeypatch.setattr(gpu_check, "accuracy", lambda *args: (1e-2, 1e-5))
+    monkeypatch.setattr(gpu_check, "timing_rows", lambda *args: None)
+    assert gpu_check.main(["--dry-run", "--out", str(report)]) == 1
+    failed = [line.split(" | ")[0][2:] for line in report.read_text().splitlines() if line.endswith("**FAILED** |")]
+    assert failed == [
+        "adapter, compiled",
+        "functional step, compiled",
+        "ndb: float32 on cpu vs float64 on CPU, 12 steps, max relative difference",
+        "eigh: float32 on cpu vs float64 on CPU, 12 steps, max relative difference",
+    ]
+
+
+def test_gpu_check_starts_no_row_past_its_budget(tmp_path):
+    report = tmp_path / "gpu.md"
+    assert gpu_check.main(["--dry-run", "--budget", "0", "--out", str(report)]) == 0
+    out = report.read_text()
+    assert "| adapter, eager | not run: 0 s of the budget left" in out
+    assert "| ndb: step times, tiny | not run:" in out and "| dash_fn eager |" not in out
+    assert "every check passed" in out.splitlines()[-1]
 
 
 def test_step_bench_quick(capsys):

@@ -10,7 +10,9 @@ import dash_fn
 from conftest import assert_equal_states, mixed_params, random_grads, tensors
 from dash_fn.roots import SOLVERS
 
-pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (README, Tests)
+# also run under the simulated accelerator strategy, and on the oldest and newest supported torch
+# (README, Tests)
+pytestmark = [pytest.mark.accelerator, pytest.mark.compat]
 
 # Roots refresh at steps 1 (t = start_prec_step) and 3 (inv_root_freq = 3): resuming after
 # step 2 crosses the schedule, with roots computed before and after the checkpoint.

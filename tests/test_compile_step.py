@@ -7,7 +7,9 @@ from torch._dynamo.utils import counters
 import dash_fn
 from conftest import mixed_params, random_grads
 
-pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (README, Tests)
+# also run under the simulated accelerator strategy, and on the oldest and newest supported torch
+# (README, Tests)
+pytestmark = [pytest.mark.accelerator, pytest.mark.compat]
 
 
 def run(step_fn, config, dtype, steps, shapes=None):

@@ -158,6 +158,7 @@ SCENARIOS = [
 ]
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_every_rank_equals_one_process_bitwise(ranks, scenario):
     for rank, results in enumerate(ranks):

@@ -5,11 +5,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import train_lm
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.compat
 def test_train_lm_tiny(tmp_path):
     out = tmp_path / "run"
     train_lm.main(
@@ -109,9 +112,10 @@ def test_stdlib_corpus_is_deterministic_and_split():
     assert (a_train == b_train).all() and (a_val == b_val).all()
 
 
+@pytest.mark.compat
 def test_quickstart_runs():
     result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "quickstart.py"), "--steps", "5"],
+        [sys.executable, "-W", "error:::__main__", str(ROOT / "examples" / "quickstart.py"), "--steps", "5"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -120,6 +124,7 @@ def test_quickstart_runs():
     assert "DASH (eigh) loss" in result.stdout
 
 
+@pytest.mark.compat
 def test_cnn_digits_runs(capsys):
     import cnn_digits
 

@@ -169,6 +169,7 @@ def ranks(request, tmp_path_factory):
     return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(request.param)]
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("scenario", [*fsdp_worker.SCENARIOS, "compiled"])
 def test_every_rank_equals_one_process_bitwise(ranks, scenario):
     """10 float32 steps on Shard(0) DTensors, uneven and empty shards, straddling bands."""

@@ -53,6 +53,7 @@ def functional(params, config, lrs, names=None):
     return {k: current[str(i)] for i, k in enumerate(names)}, state
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("solver", [s for s in ("eigh", "ndb") if s in SOLVERS])  # without and with start vectors
 def test_adapter_equals_functional_step_bitwise(solver):
     config = dict(CONFIG, solver=solver, mu=0.5, weight_decay=0.01)
@@ -91,6 +92,7 @@ def test_param_groups_have_their_own_lr_and_weight_decay():
     assert state_of(opt, 0)["config"].weight_decay == 0.1 and state_of(opt, 1)["config"].weight_decay_1d == 0.05
 
 
+@pytest.mark.compat
 def test_scheduler_sets_the_lr_each_step_uses():
     params = parameters()
     opt = dash_fn.DASH(params.values(), lr=0.04, **CONFIG)
@@ -174,6 +176,7 @@ def test_group_without_grads_is_skipped_entirely():
     assert int(state_of(opt, 0)["step"]) == 2 and int(state_of(opt, 1)["step"]) == 1
 
 
+@pytest.mark.compat
 def test_closure_is_evaluated_with_grad_and_its_loss_returned():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(30, 20), torch.nn.Tanh(), torch.nn.Linear(20, 3))
@@ -204,6 +207,7 @@ def test_closure_is_evaluated_with_grad_and_its_loss_returned():
         assert torch.equal(p.detach(), want[k]), k
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("schedule, graphs", [("periodic", 2), ("staggered", 1)])
 def test_compiled_step_matches_eager_in_two_graphs(schedule, graphs):
     """On the CPU two graphs serve all periodic steps (plain and refresh, picked on the host
@@ -530,6 +534,7 @@ def test_diagonal_helper_equals_torch_diagonal():
     assert torch.equal(diagonal(X.mT), X.mT.diagonal(dim1=-2, dim2=-1))  # a non-contiguous stack
 
 
+@pytest.mark.compat
 @pytest.mark.inductor
 def test_inductor_compiled_step_prints_no_torch_deprecation_warning():
     """Inductor's lowering of ``aten.diagonal`` calls ``torch._prims_common.check``, deprecated

@@ -9,7 +9,9 @@ import dash_fn
 from conftest import mixed_params, random_grads
 from reference import ReferenceDash
 
-pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (README, Tests)
+# also run under the simulated accelerator strategy, and on the oldest and newest supported torch
+# (README, Tests)
+pytestmark = [pytest.mark.accelerator, pytest.mark.compat]
 
 CONFIGS = {
     "default-eigh": dict(solver="eigh", inv_root_freq=1),

@@ -1,22 +1,30 @@
-"""The GPU check: no host syncs, no CUDA-graph skips, results against float64, and step times.
+"""The GPU check: no host syncs, no CUDA-graph skips, results against eager and float64, step times.
 
-    python benchmarks/gpu_check.py                        # on a CUDA machine; within 8 minutes on one H200
-    python benchmarks/gpu_check.py --dry-run              # on CPU: tiny shapes, aot_eager, the accelerator
+    python benchmarks/gpu_check.py --out gpu.md           # on a CUDA machine (benchmarks/gpu_day.sh runs it)
+    python benchmarks/gpu_check.py --dry-run --out dry.md # on CPU: tiny shapes, aot_eager, the accelerator
                                                           # strategy simulated (checks the script, in CI)
-    python benchmarks/gpu_check.py --out gpu_check.md     # also write the report for benchmarks/RESULTS.md
 
-1. Syncs: steady-state steps (after a plain and a refresh step have run once) of the eager
-   adapter, the compiled adapter and the functional step compiled with
-   ``mode="reduce-overhead"`` (CUDA graphs), NDB with momentum and the non-finite guard, under
-   ``torch.cuda.set_sync_debug_mode("error")``: any op that waits on the GPU raises. The dry
-   run counts the same ops with a dispatch mode (tests/syncs.py) under the simulated strategy.
-2. CUDA graphs: ``torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]`` after the
-   reduce-overhead runs (must be 0).
-3. Accuracy: 12 steps of the functional step on the GPU (float32, NDB, and eigh) against the
-   same steps on the CPU in float64: the largest difference relative to each parameter's norm.
-4. Step times of the DASH paper's Llama-953M layer at block 1024 (benchmarks/step_bench.py):
-   dash_fn with CUDA graphs, compiled, eager, the sequential per-block baseline and AdamW, for
-   NDB and eigh, plain and refresh steps apart. TF32 off (float32 numerics as in the tests).
+Fail-safe by construction, since a GPU run is rare and short: every row is appended to the
+report file (``--out``) as soon as it is known; each row runs in its own ``try``, and a failure
+keeps the exception and the innermost frames of its traceback; a deadline (``--budget``
+seconds from the start) stops starting new rows in time to write the report; the exit status is
+1 when any row failed or was wrong, so a wrong number fails the script, not only a crash.
+
+1. Syncs and CUDA graphs: steady-state steps (after warm-up calls that include CUDA graphs'
+   recording call) of the eager adapter, the compiled adapter and the functional step compiled
+   with ``mode="reduce-overhead"``, NDB with momentum and the non-finite guard, under
+   ``torch.cuda.set_sync_debug_mode("error")`` (the dry run counts the same ops with a dispatch
+   mode, tests/syncs.py). Per row, Inductor's ``cudagraph_skips`` counter (must not move) and
+   the parameters against the same steps run eagerly (within ``COMPILED_TOLERANCE``). The
+   functional step's replays read fixed input buffers: its outputs are copied into the
+   parameters before the next replay, which overwrites them (CUDA-graph trees reuse the pool).
+2. Accuracy: 12 steps of the functional step in float32 on the device (NDB, eigh) against the
+   same steps in float64 on the CPU, within ``FLOAT32_FACTOR`` times the CPU's own float32 run.
+3. Step times of the DASH paper's Llama-953M layer at block 1024 (benchmarks/step_bench.py):
+   dash_fn with CUDA graphs, compiled, eager, the sequential per-block baseline and AdamW, plain
+   and refresh steps apart, TF32 off. eigh is never timed under CUDA graphs:
+   ``torch.linalg.eigh`` reads its error flags on the host (cuSOLVER's ``info``), which stream
+   capture rejects, so its rows are compiled without them (the report says so).
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ import contextlib
 import os
 import sys
 import time
+import traceback
+from collections.abc import Callable
 
 import torch
 
@@ -45,7 +55,73 @@ LLAMA_953M_LAYER = {
     "down": (2048, 5632),
 }
 TINY_LAYER = {"qkv": (96, 32), "o": (32, 32), "gate": (88, 32), "up": (88, 32), "down": (32, 88)}
-CHECK_CONFIG = dict(solver="ndb", inv_root_freq=2, mu=0.5)  # the guard (skip_nonfinite) is on by default
+# NDB with momentum (the guard, skip_nonfinite, is on by default); eps 1e-6 so that a difference
+# between compiled and eager measures the compiler: at 1e-10 the near-null eigenvalues of these
+# rank-deficient factors (batches of 32) amplify rounding noise by eps^(-1/4) in any two programs
+EPS = 1e-6
+CHECK_CONFIG = dict(solver="ndb", inv_root_freq=2, mu=0.5, eps=EPS, eps_graft=1e-8)  # (eps_graft: says eps is damping)
+# ||W_compiled - W_eager|| / ||W_eager|| after the steps: fused kernels round differently, no more
+COMPILED_TOLERANCE = 1e-4
+# ||W_float32 - W_float64|| / ||W_float64|| after 12 steps is float32 rounding amplified by the
+# factors' conditioning, which differs by solver (eigh's small eigenvalues carry an absolute error
+# of about 1e-7 of the largest); the device's must be within this factor of the CPU's float32,
+# plus a floor for runs that agree to rounding. A wrong kernel is off by far more.
+FLOAT32_FACTOR, FLOAT32_FLOOR = 10.0, 1e-6
+TRACEBACK_FRAMES = 4  # innermost frames kept in the report of a failed row
+
+
+class Report:
+    """Rows of ``| check | result |``, each printed and appended to ``path`` (flushed) as it
+    comes, so that a run cut short still leaves everything it learned."""
+
+    def __init__(self, path: str | None):
+        self.file = open(path, "w") if path else None  # noqa: SIM115 (held for the run's rows)
+        self.failures: list[str] = []
+
+    def line(self, text: str = "") -> None:
+        print(text, flush=True)
+        if self.file:
+            self.file.write(text + "\n")
+            self.file.flush()
+
+    def row(self, check: str, result: str, ok: bool = True) -> None:
+        if not ok:
+            self.failures.append(check)
+        self.line(f"| {check} | {result}{'' if ok else ' **FAILED**'} |")
+
+    def close(self) -> None:
+        if self.file:
+            self.file.close()
+
+
+class Deadline:
+    """The budget: a row starts only while at least its ``need`` seconds are left."""
+
+    def __init__(self, seconds: float):
+        self.start = time.monotonic()
+        self.end = self.start + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+
+def guarded(report: Report, deadline: Deadline, check: str, need: float, fn: Callable[[], tuple[str, bool]]) -> None:
+    """Run one row: ``fn`` returns (result, ok); an exception fails the row with its type,
+    message and innermost frames; too little budget left skips it (not a failure)."""
+    if deadline.left() < need:
+        report.row(check, f"not run: {max(0.0, deadline.left()):.0f} s of the budget left, about {need:.0f} s needed")
+        return
+    try:
+        result, ok = fn()
+    except Exception as error:  # a row's failure must not take the report with it
+        frames = traceback.extract_tb(error.__traceback__)[-TRACEBACK_FRAMES:]
+        where = "; ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in frames)
+        message = " ".join(str(error).split())[:300]
+        result, ok = f"{type(error).__name__}: {message} (at {where})", False
+    report.row(check, result.replace("|", "/"), ok)
 
 
 @contextlib.contextmanager
@@ -65,6 +141,10 @@ def no_syncs_allowed(device: torch.device):
         raise RuntimeError(f"host syncs: {sorted(set(counter.syncs))}")
 
 
+def cudagraph_skips() -> int:
+    return torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
+
+
 def model_and_data(device: torch.device, width: int):
     torch.manual_seed(0)
     model = torch.nn.Sequential(
@@ -74,72 +154,111 @@ def model_and_data(device: torch.device, width: int):
     return model, data
 
 
-def sync_checks(device: torch.device, width: int, block: int, cuda_graphs: dict) -> list[tuple[str, str]]:
-    """(check, result) of steady-state steps that must not sync."""
-    rows = []
-    for name, compile in (
-        ("adapter, eager", False),
-        ("adapter, compiled" + (" + CUDA graphs" if device.type == "cuda" else ""), cuda_graphs),
-    ):
-        model, data = model_and_data(device, width)
-        opt = dash_fn.DASH(model.parameters(), lr=1e-2, block_size=block, compile=compile, **CHECK_CONFIG)
-        steps = [lambda x=x, model=model, opt=opt: adapter_step(model, opt, x) for x in data]
-        rows.append((name, run_checked(device, steps, compiled=bool(compile))))
+def relative_difference(got: dict, want: dict) -> float:
+    """max over names of ``||got - want|| / ||want||``, in float64 on the CPU."""
+    return max(
+        float((got[k].cpu().double() - want[k].cpu().double()).norm() / want[k].cpu().double().norm()) for k in want
+    )
+
+
+def adapter_run(device: torch.device, width: int, block: int, compile) -> Callable[[], dict]:
+    """A function returning the steps (closures) of the adapter on the check model, and its params."""
     model, data = model_and_data(device, width)
+    opt = dash_fn.DASH(model.parameters(), lr=1e-2, block_size=block, compile=compile, **CHECK_CONFIG)
+
+    def one(x):
+        model.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+
+    return [lambda x=x: one(x) for x in data], lambda: {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def functional_run(device: torch.device, width: int, block: int, compile):
+    """The functional step (compiled with ``compile`` options, or eager when None) on the same
+    model's parameters and fixed gradients. Under CUDA graphs a replay overwrites the previous
+    replay's outputs, so each call's new params are copied into the same input buffers (static
+    addresses, as the state's) before the next call."""
+    model, _ = model_and_data(device, width)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    for x in params.values():
+        torch._dynamo.mark_static_address(x, guard=False)
     config = dash_fn.DashConfig(block_size=block, **CHECK_CONFIG)
     state = dash_fn.init(params, config)
-    compiled = torch.compile(dash_fn.step, fullgraph=True, **cuda_graphs)
+    step = dash_fn.step if compile is None else torch.compile(dash_fn.step, fullgraph=True, **compile)
+    gen = torch.Generator().manual_seed(1)
+    grads = [{k: torch.randn(v.shape, generator=gen).to(device) for k, v in params.items()} for _ in range(8)]
     lr = torch.tensor(1e-2, device=device)
 
-    def functional(t: int) -> None:
-        nonlocal params, state
-        grads = {k: torch.randn_like(v) for k, v in params.items()}
-        params, state = compiled(params, grads, state, lr=lr, refresh=dash_fn.is_refresh_step(config, t))
+    def one(t: int) -> None:
+        if compile is not None and compile.get("mode") == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()
+        new, _ = step(params, grads[t - 1], state, lr=lr, refresh=dash_fn.is_refresh_step(config, t))
+        for k in params:
+            params[k].copy_(new[k])
 
-    rows.append(
-        (
-            "functional step, compiled" + (" + CUDA graphs" if device.type == "cuda" else ""),
-            run_checked(device, [lambda t=t: functional(t) for t in range(1, 9)], compiled=True),
-        )
-    )
-    return rows
+    return [lambda t=t: one(t) for t in range(1, 9)], lambda: {k: v.clone() for k, v in params.items()}
 
 
-def adapter_step(model, opt, x) -> None:
-    model.zero_grad()
-    model(x).square().mean().backward()
-    opt.step()
+WARMUP = 3  # a refresh and a plain step (periodic NDB: two graphs), and CUDA graphs' recording call
 
 
-def run_checked(device: torch.device, steps, compiled: bool) -> str:
-    """Three warm-up steps (a refresh step and a plain step compile and record), then the rest
-    under :func:`no_syncs_allowed` (a compiled step on the CPU only runs: a dispatch mode cannot
-    watch compiled code, whose graphs tests/test_accelerator_path.py inspects instead)."""
-    for step in steps[:3]:
+def checked_steps(device: torch.device, steps, watch: bool) -> str:
+    """WARMUP steps, then the rest under :func:`no_syncs_allowed` (``watch``) or simply run: a
+    dispatch mode cannot watch compiled code on the CPU, whose graphs
+    tests/test_accelerator_path.py inspects instead."""
+    for step in steps[:WARMUP]:
         step()
-    if compiled and device.type != "cuda":
-        for step in steps[3:]:
+    if not watch:
+        for step in steps[WARMUP:]:
             step()
-        return f"ran {len(steps) - 3} steps (graphs: tests/test_accelerator_path.py)"
-    try:
-        with no_syncs_allowed(device):
-            for step in steps[3:]:
-                step()
-    except RuntimeError as error:
-        return f"FAILED: {str(error).splitlines()[0][:200]}"
-    return f"no sync in {len(steps) - 3} steps"
+        return f"ran {len(steps) - WARMUP} steps (graphs: tests/test_accelerator_path.py)"
+    with no_syncs_allowed(device):
+        for step in steps[WARMUP:]:
+            step()
+    return f"no sync in {len(steps) - WARMUP} steps"
 
 
-def accuracy(device: torch.device, shapes: dict, block: int, solver: str, steps: int = 12) -> float:
-    """Largest ``||W_device - W_cpu64|| / ||W_cpu64||`` over the parameters after ``steps`` steps."""
-    config = dash_fn.DashConfig(block_size=block, solver=solver, inv_root_freq=3, refresh_schedule="periodic")
+def sync_and_graph_rows(report: Report, deadline: Deadline, device: torch.device, width: int, block: int, cuda_graphs):
+    """Eager references first, then each compiled form: no sync, no CUDA-graph skip, eager's numbers."""
+    cuda = device.type == "cuda"
+    graphs = " + CUDA graphs" if cuda else ""
+    references: dict[str, dict] = {}
+    for kind, make in (("adapter", adapter_run), ("functional step", functional_run)):
+
+        def eager(kind=kind, make=make) -> tuple[str, bool]:
+            steps, params = make(device, width, block, False if kind == "adapter" else None)
+            result = checked_steps(device, steps, watch=True)
+            references[kind] = params()
+            return result, True
+
+        def compiled(kind=kind, make=make) -> tuple[str, bool]:
+            before = cudagraph_skips()
+            steps, params = make(device, width, block, cuda_graphs)
+            result = checked_steps(device, steps, watch=cuda)
+            skips = cudagraph_skips() - before
+            difference = relative_difference(params(), references[kind]) if kind in references else None
+            ok = skips == 0 and difference is not None and difference <= COMPILED_TOLERANCE
+            against = "no eager reference" if difference is None else f"{difference:.1e} from eager"
+            return f"{result}; CUDA-graph skips {skips}; {against} (limit {COMPILED_TOLERANCE:.0e})", ok
+
+        guarded(report, deadline, f"{kind}, eager", 30, eager)
+        guarded(report, deadline, f"{kind}, compiled{graphs}", 90, compiled)
+
+
+def accuracy(device: torch.device, shapes: dict, block: int, solver: str, steps: int = 12) -> tuple[float, float]:
+    """``||W - W_cpu64|| / ||W_cpu64||`` (largest over the parameters) after ``steps`` steps, of
+    float32 on ``device`` and of float32 on the CPU: the same arithmetic, so a device that
+    computes right is about as far from float64 as the CPU is."""
+    config = dash_fn.DashConfig(block_size=block, solver=solver, inv_root_freq=3, eps=EPS, refresh_schedule="periodic")
     gen = torch.Generator().manual_seed(0)
     start = {k: torch.randn(s, generator=gen, dtype=torch.float64) for k, s in shapes.items()}
     grads = [{k: torch.randn(s, generator=gen, dtype=torch.float64) for k, s in shapes.items()} for _ in range(steps)]
     results = []
-    for where, dtype in ((device, torch.float32), (torch.device("cpu"), torch.float64)):
-        with simulated_accelerator(False) if where.type == "cpu" else contextlib.nullcontext():
+    cpu = torch.device("cpu")
+    for where, dtype in ((device, torch.float32), (cpu, torch.float32), (cpu, torch.float64)):
+        # the CPU runs take the CPU strategy, also in the dry run (whose "device" is the simulated one)
+        with simulated_accelerator(False) if len(results) else contextlib.nullcontext():
             params = {k: v.to(where, dtype) for k, v in start.items()}
             state = dash_fn.init(params, config)
             for t, g in enumerate(grads, 1):
@@ -150,12 +269,89 @@ def accuracy(device: torch.device, shapes: dict, block: int, solver: str, steps:
                     lr=1e-2,
                     refresh=dash_fn.is_refresh_step(config, t),
                 )
-        results.append({k: v.cpu().double() for k, v in params.items()})
-    got, want = results
-    return max(float((got[k] - want[k]).norm() / want[k].norm()) for k in want)
+        results.append(params)
+    on_device, on_cpu, exact = results
+    return relative_difference(on_device, exact), relative_difference(on_cpu, exact)
 
 
-def main(argv: list[str] | None = None) -> None:
+def timing_rows(report: Report, deadline: Deadline, args, device, shapes, block: int, label: str) -> None:
+    """One step_bench table per solver, each in its own guarded row; eigh without CUDA graphs."""
+    if args.dry_run:
+        variants = {"dash_fn compiled (aot_eager)": {"backend": "aot_eager"}}
+    else:
+        variants = {
+            "dash_fn compiled + CUDA graphs": {"backend": "inductor", "mode": "reduce-overhead"},
+            "dash_fn compiled, no CUDA graphs": {"backend": "inductor"},
+        }
+    peak = matmul_peak(device)
+    report.line(f"\nfloat32 matmul peak measured {peak / 1e12:.2f} TFLOP/s\n")
+    tables = []
+    for solver in args.solver:
+        ran = {name: kw for name, kw in variants.items() if not (solver == "eigh" and kw.get("mode"))}
+        if len(ran) < len(variants):
+            report.row(
+                f"{solver}: CUDA-graph rows",
+                "not timed: torch.linalg.eigh reads cuSOLVER's error flags on the host, which stream capture rejects",
+            )
+
+        def table(solver=solver, ran=ran) -> tuple[str, bool]:
+            before = cudagraph_skips()
+            rows = bench(shapes, label, block, solver, device, args.reps, peak, ran, warmup=WARMUP)
+            torch._dynamo.reset()
+            skips = cudagraph_skips() - before
+            tables.append(rows)
+            return f"{len(rows)} rows (below); CUDA-graph skips {skips}", skips == 0
+
+        guarded(report, deadline, f"{solver}: step times, {label}", 60 if args.dry_run else 150, table)
+    rows = [row for rows in tables for row in rows]
+    if rows:
+        report.line()
+        report.line(markdown(rows))
+        report.line()
+        report.line(speedups(rows))
+
+
+def run(args, report: Report) -> None:
+    deadline = Deadline(args.budget)
+    if args.dry_run:
+        device, shapes, block, width, small, label = torch.device("cpu"), TINY_LAYER, 16, 16, TINY_LAYER, "tiny"
+        cuda_graphs = {"backend": "aot_eager"}
+        name = "CPU (dry run, accelerator strategy simulated)"
+    else:
+        if not torch.cuda.is_available():
+            raise SystemExit("gpu_check.py needs CUDA; use --dry-run to check the script on CPU")
+        device, shapes, block, width, label = torch.device("cuda"), LLAMA_953M_LAYER, 1024, 512, "953M layer"
+        small = {k: (r // 8, c // 8) for k, (r, c) in shapes.items()}  # the CPU's float64 run stays short
+        cuda_graphs = {"backend": "inductor", "mode": "reduce-overhead"}
+        torch.backends.cuda.matmul.allow_tf32 = False
+        name = torch.cuda.get_device_name()
+    import tensordict
+
+    report.line(
+        f"{name}, torch {torch.__version__}, tensordict {tensordict.__version__}, TF32 off, budget {args.budget:.0f} s"
+    )
+    report.line()
+    report.line("| check | result |")
+    report.line("|---|---|")
+    torch._dynamo.utils.counters.clear()
+    sync_and_graph_rows(report, deadline, device, width, min(block, 256), cuda_graphs)
+    for solver in ("ndb", "eigh"):
+
+        def agreement(solver=solver) -> tuple[str, bool]:
+            on_device, on_cpu = accuracy(device, small, min(block, 256), solver)
+            limit = FLOAT32_FACTOR * on_cpu + FLOAT32_FLOOR
+            return f"{on_device:.1e} (float32 on the CPU: {on_cpu:.1e}; limit {limit:.1e})", on_device <= limit
+
+        check = f"{solver}: float32 on {device.type} vs float64 on CPU, 12 steps, max relative difference"
+        guarded(report, deadline, check, 20 if args.dry_run else 60, agreement)
+    torch._dynamo.reset()
+    timing_rows(report, deadline, args, device, shapes, block, label)
+    report.line()
+    verdict = f"FAILED: {', '.join(report.failures)}" if report.failures else "every check passed"
+    report.line(f"{verdict}; total wall time {deadline.elapsed():.0f} s of a {args.budget:.0f} s budget")
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
@@ -163,63 +359,25 @@ def main(argv: list[str] | None = None) -> None:
         "--dry-run", action="store_true", help="CPU, tiny shapes, aot_eager, the accelerator strategy simulated"
     )
     parser.add_argument("--solver", nargs="+", default=["ndb", "eigh"], help="root solvers to time")
-    parser.add_argument("--reps", type=int, default=10, help="timed steps per row (median; 1 with --dry-run)")
-    parser.add_argument("--out", help="also write the report (markdown) to this file")
-    args = parser.parse_args(argv)
-    with simulated_accelerator() if args.dry_run else contextlib.nullcontext():
-        report = run(args)
-    print(report)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(report + "\n")
-
-
-def run(args) -> str:
-    if args.dry_run:
-        device, shapes, block, reps, width = torch.device("cpu"), TINY_LAYER, 16, 1, 16
-        compiled = {"dash_fn compiled (aot_eager)": {"backend": "aot_eager"}}
-        cuda_graphs = {"backend": "aot_eager"}
-    else:
-        if not torch.cuda.is_available():
-            raise SystemExit("gpu_check.py needs CUDA; use --dry-run to check the script on CPU")
-        device, shapes, block, reps, width = torch.device("cuda"), LLAMA_953M_LAYER, 1024, args.reps, 512
-        compiled = {
-            "dash_fn compiled + CUDA graphs": {"backend": "inductor", "mode": "reduce-overhead"},
-            "dash_fn compiled, no CUDA graphs": {"backend": "inductor"},
-        }
-        cuda_graphs = {"backend": "inductor", "mode": "reduce-overhead"}
-        torch.backends.cuda.matmul.allow_tf32 = False
-    start = time.perf_counter()
-    name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU (dry run, accelerator strategy simulated)"
-    lines = [f"{name}, torch {torch.__version__}, TF32 off", ""]
-    torch._dynamo.utils.counters.clear()
-    checks = sync_checks(device, width, min(block, 256), cuda_graphs)
-    skips = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
-    checks.append(
-        (
-            "CUDA-graph skips (Inductor's counter)",
-            str(skips) if device.type == "cuda" else "n/a (no CUDA graphs on CPU)",
-        )
+    parser.add_argument("--reps", type=int, default=10, help="timed steps per row (median)")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=420,
+        help="seconds after which no new row starts (the report is written by then)",
     )
-    small = {k: (r // 4, c // 4) for k, (r, c) in shapes.items()} if device.type == "cuda" else shapes
-    for solver in ("ndb", "eigh"):
-        checks.append(
-            (
-                f"{solver}: float32 on {device.type} vs float64 on CPU, 12 steps, max relative difference",
-                f"{accuracy(device, small, min(block, 256), solver):.1e}",
-            )
-        )
-    lines += ["| check | result |", "|---|---|", *[f"| {check} | {result} |" for check, result in checks], ""]
-    torch._dynamo.reset()
-    peak = matmul_peak(device)
-    lines.append(f"float32 matmul peak measured {peak / 1e12:.2f} TFLOP/s\n")
-    rows = []
-    for solver in args.solver:
-        rows += bench(shapes, "953M layer" if not args.dry_run else "tiny", block, solver, device, reps, peak, compiled)
-        torch._dynamo.reset()
-    lines += [markdown(rows), "", speedups(rows), "", f"total wall time {time.perf_counter() - start:.0f} s"]
-    return "\n".join(lines)
+    parser.add_argument("--out", help="append each row to this markdown file as it completes")
+    args = parser.parse_args(argv)
+    if args.dry_run:
+        args.reps = 1
+    report = Report(args.out)
+    try:
+        with simulated_accelerator() if args.dry_run else contextlib.nullcontext():
+            run(args, report)
+    finally:
+        report.close()
+    return 1 if report.failures else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

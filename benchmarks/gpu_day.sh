@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The GPU check in two steps, for a GPU machine with torch but no network (README, "On a GPU"):
+#
+#   bash benchmarks/gpu_day.sh fetch                 # here, where pip reaches the package registry:
+#                                                    # the wheels the GPU machine lacks, into .whl/
+#   bash benchmarks/gpu_day.sh run OUT [BUDGET] [ARGS...]  # there: installs them into a temporary
+#                                                    # site directory, runs benchmarks/gpu_check.py
+#
+# `run` writes OUT/gpu_check.md (every row as it completes) and OUT/gpu_check.log, and exits with
+# the check's status (1 when a check failed). BUDGET (seconds, default 420) is when the check
+# stops starting new rows; ARGS go to gpu_check.py (--dry-run checks this script on a CPU).
+# GPU_PYTHON (default 3.12, the GPU image's) is the Python the wheels are fetched for.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WHEELS=.whl
+PYTHON=${PYTHON:-python3}
+# tensordict as CI tests it (pyproject.toml) and the one requirement the GPU image lacks
+# (it ships numpy and cloudpickle); both are pure Python
+WANTED=("tensordict==0.15.3" "pyvers>=0.2,<0.3")
+
+case "${1:-}" in
+fetch)
+    mkdir -p "$WHEELS"
+    PIP_CONSTRAINT=/dev/null "$PYTHON" -m pip download -q --no-deps --only-binary=:all: \
+        --python-version "${GPU_PYTHON:-3.12}" --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        -d "$WHEELS" "${WANTED[@]}"
+    ls -l "$WHEELS"
+    ;;
+run)
+    out=${2:?usage: gpu_day.sh run OUT [BUDGET] [gpu_check.py arguments]}
+    budget=${3:-420}
+    shift $(($# < 3 ? $# : 3))
+    mkdir -p "$out"
+    "$PYTHON" -c "import torch, numpy, cloudpickle" || {
+        echo "gpu_day.sh: $PYTHON lacks torch, numpy or cloudpickle: fetch them as wheels too" >&2
+        exit 2
+    }
+    ls "$WHEELS"/tensordict-*.whl > /dev/null || {
+        echo "gpu_day.sh: no wheels in $WHEELS: run 'bash benchmarks/gpu_day.sh fetch' where pip works" >&2
+        exit 2
+    }
+    site=$(mktemp -d)
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$WHEELS"/*.whl
+    export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+    "$PYTHON" -c "import tensordict, dash_fn; print('tensordict', tensordict.__version__, 'from', tensordict.__file__)"
+    set +e
+    "$PYTHON" benchmarks/gpu_check.py --budget "$budget" --out "$out/gpu_check.md" "$@" 2>&1 | tee "$out/gpu_check.log"
+    status=${PIPESTATUS[0]}
+    rm -rf "$site"
+    exit "$status"
+    ;;
+*)
+    sed -n '2,12p' "$0" >&2
+    exit 2
+    ;;
+esac

@@ -116,11 +116,18 @@ def make_impls(shapes, config, device, compiled_variants: dict[str, dict]):
     impls = {}
     variants = [(name, torch.compile(dash_fn.step, fullgraph=True, **kw)) for name, kw in compiled_variants.items()]
     variants.append(("dash_fn eager", dash_fn.step))
+    graphed = {name for name, kw in compiled_variants.items() if kw.get("mode") == "reduce-overhead"}
+
+    def call(step_fn, state, refresh: bool, cuda_graphs: bool):
+        if cuda_graphs:  # each call a new step: the previous replay's outputs (unread) may be overwritten
+            torch.compiler.cudagraph_mark_step_begin()
+        return step_fn(params, grads, state, lr=lr, refresh=refresh)
+
     for name, step_fn in variants:
         state = dash_fn.init(params, config)
         impls[name] = (
-            lambda f=step_fn, s=state: f(params, grads, s, lr=lr, refresh=False),
-            lambda f=step_fn, s=state: f(params, grads, s, lr=lr, refresh=True),
+            lambda f=step_fn, s=state, g=name in graphed: call(f, s, False, g),
+            lambda f=step_fn, s=state, g=name in graphed: call(f, s, True, g),
             state_bytes(state),
         )
     seq = SequentialShampoo(params, config)

@@ -33,9 +33,8 @@ class DashConfig:
 
     Blocking:
         ``block_size`` = 256, int >= 1: blocks are at most B x B, vector segments at most B
-            long (2.2, 2.3). Fixes the state's layout. (The paper uses 1024; on the main
-            job's thin weights that lost loss: docs/ALGORITHM.md 9, "Defaults against the
-            reference and the paper".)
+            long (2.2, 2.3). Fixes the state's layout. (The paper uses 1024: docs/ALGORITHM.md
+            9, "Defaults against the reference and the paper", says why 256 is the default.)
 
     Roots and solvers:
         ``solver`` = "auto": "eigh", "cn" (coupled Newton), "ndb" (Newton-Denman-Beavers),
@@ -93,9 +92,9 @@ class DashConfig:
         ``thin_ratio`` = 4.0, > 1 or math.inf: a block whose long side is at least this many
             times its short side (an embedding's or a thin projection's, at the block size)
             keeps a full factor on its short side only; its long side is preconditioned by a
-            diagonal factor read from the grafting moment, at no extra state (2.5). An
-            nn.Embedding(32000, 64) at block 256 then holds 10 bytes of state per parameter
-            instead of 42. math.inf keeps every block two-sided. Fixes the state's layout.
+            diagonal factor read from the grafting moment, at no extra state (2.5, which gives
+            the state per parameter). math.inf keeps every block two-sided. Fixes the state's
+            layout.
 
     Vectors:
         ``one_dim`` = "adamw": vectors by "adamw" (elementwise) or "shampoo" (one-sided

@@ -52,7 +52,7 @@ def products_bounded(vectors: Sequence[torch.Tensor], blocks: Sequence[torch.Ten
     for G in blocks:
         if G.numel():
             bound = math.sqrt(torch.finfo(G.dtype).max / (4 * max(G.shape[-2:])))
-            low, high = torch.aminmax(G)  # one pass; 10x faster than vector_norm(ord=inf) on CPU
+            low, high = torch.aminmax(G)  # one pass over G, where vector_norm(ord=inf) makes more
             ok = ok & (low >= -bound) & (high <= bound)
     return ok
 
@@ -164,8 +164,8 @@ def eigh_root(X: torch.Tensor, p: int, eps: float, heuristic: str) -> torch.Tens
     that no pass over the whole stack precedes or follows the eighs.
 
     torch's batched CPU eigh runs LAPACK on one block after another, and LAPACK's own threads
-    barely help at these sizes, while one single-threaded eigh per core nearly halves the time
-    (benchmarks/RESULTS.md). So the stack is cut into ``threads`` parts solved concurrently,
+    barely help at these sizes, while one single-threaded eigh per core runs them side by side
+    (the figures: benchmarks/RESULTS.md). So the stack is cut into ``threads`` parts solved concurrently,
     with torch (and MKL) limited to one thread meanwhile, which is restored after. The
     reconstruction ``Q diag Q^T`` runs in the same thread, on eigenvectors still in its cache,
     and writes its part of the result (no concatenation). Each block's result does not depend

@@ -4,9 +4,9 @@ A PyTorch CPU step allocates its temporaries with glibc's ``malloc``, which give
 block back to the kernel when it was mapped on its own (blocks above the mmap threshold) or
 when the free space at the top of the heap exceeds the trim threshold; the next step's
 allocations then take a page fault, and the zeroing of a fresh page, for every 4 KiB they
-touch. An eager DASH step of 3 x Linear(1024, 1024) at block 256 faulted on about 21,000
-pages (86 MB) per step on the development VM and took 63 ms instead of 41
-(``benchmarks/plain_step.py`` reports the faults per step). PyTorch's own CPU tuning guide
+touch: tens of thousands of faults per step for an eager step of a few large layers
+(``benchmarks/plain_step.py`` reports the faults per step and the time they cost, RESULTS the
+figures). PyTorch's own CPU tuning guide
 answers this with jemalloc or tcmalloc; this is the same remedy for glibc, from Python,
 without a preload: the process keeps the memory it freed (its resident size stays at its
 peak, as with a GPU caching allocator) and reuses it.

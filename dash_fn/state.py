@@ -234,7 +234,7 @@ def _warn_about_precision(config: DashConfig, device: torch.device) -> None:
     """Warn about 16-bit solver products that are unstable (NDB) or emulated (off CUDA/XPU).
 
     Off CUDA/XPU, torch has no 16-bit product with float32 accumulation, and CPU 16-bit bmm is
-    20-400x slower than float32 (float16 worst), so dash_fn.roots.matmul rounds the operands and
+    far slower than float32 (float16 worst), so dash_fn.roots.matmul rounds the operands and
     multiplies in float32: 16-bit numerics at float32 speed. That is allowed (it reproduces GPU
     numerics), but never what someone choosing 16 bits for speed wants, hence the warning.
     """

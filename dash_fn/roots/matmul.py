@@ -7,8 +7,8 @@ products. Two ways to get that, chosen by device from static facts (no data-depe
 - CUDA/XPU with float32 work: ``torch.bmm(a16, b16, out_dtype=torch.float32)``, the 16-bit
   tensor-core product with float32 accumulation and a float32 result (``aten::bmm.dtype``,
   lowered by Inductor to ``_bmm_out_dtype_cuda``).
-- Everywhere else (torch 2.13 has no CPU kernel for ``aten::bmm.dtype``, and CPU 16-bit
-  ``bmm`` returns a 16-bit result, 20-400x slower than float32 on the development machines):
+- Everywhere else (torch has no CPU kernel for ``aten::bmm.dtype``, and CPU 16-bit ``bmm``
+  returns a 16-bit result, far slower than float32):
   round the operands, then multiply in the working dtype. The product of two bfloat16 or two
   float16 numbers is exact in float32, so this is the same arithmetic as the tensor-core
   product up to summation order: CPU runs show the numerics of 16-bit operands, not their speed.

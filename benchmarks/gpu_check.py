@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import os
 import sys
 import time
@@ -77,6 +78,7 @@ class Report:
     def __init__(self, path: str | None):
         self.file = open(path, "w") if path else None  # noqa: SIM115 (held for the run's rows)
         self.failures: list[str] = []
+        self.not_run: list[str] = []
 
     def line(self, text: str = "") -> None:
         print(text, flush=True)
@@ -112,16 +114,28 @@ def guarded(report: Report, deadline: Deadline, check: str, need: float, fn: Cal
     """Run one row: ``fn`` returns (result, ok); an exception fails the row with its type,
     message and innermost frames; too little budget left skips it (not a failure)."""
     if deadline.left() < need:
+        report.not_run.append(check)
         report.row(check, f"not run: {max(0.0, deadline.left()):.0f} s of the budget left, about {need:.0f} s needed")
         return
     try:
         result, ok = fn()
     except Exception as error:  # a row's failure must not take the report with it
-        frames = traceback.extract_tb(error.__traceback__)[-TRACEBACK_FRAMES:]
-        where = "; ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in frames)
-        message = " ".join(str(error).split())[:300]
-        result, ok = f"{type(error).__name__}: {message} (at {where})", False
+        traceback.print_exc()  # the whole chain, into the log (gpu_day.sh keeps it)
+        result, ok = describe(error), False
     report.row(check, result.replace("|", "/"), ok)
+
+
+def describe(error: BaseException) -> str:
+    """The innermost error of a chain (Dynamo and Inductor wrap the real one) with its message
+    and innermost frames, and the outermost error's type when it differs."""
+    root = error
+    while (root.__cause__ or root.__context__) is not None:
+        root = root.__cause__ or root.__context__  # type: ignore[assignment]
+    frames = traceback.extract_tb(root.__traceback__)[-TRACEBACK_FRAMES:]
+    where = "; ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in frames)
+    message = " ".join(str(root).split())[:400]
+    wrapped = f" (raised as {type(error).__name__})" if root is not error else ""
+    return f"{type(root).__name__}: {message}{wrapped} (at {where})"
 
 
 @contextlib.contextmanager
@@ -209,13 +223,16 @@ def checked_steps(device: torch.device, steps, watch: bool) -> str:
     tests/test_accelerator_path.py inspects instead."""
     for step in steps[:WARMUP]:
         step()
-    if not watch:
-        for step in steps[WARMUP:]:
-            step()
-        return f"ran {len(steps) - WARMUP} steps (graphs: tests/test_accelerator_path.py)"
-    with no_syncs_allowed(device):
-        for step in steps[WARMUP:]:
-            step()
+    # past the warm-up a recompile (or a CUDA graph recorded again) is an error of its own,
+    # not a sync that the sync check would report without its cause
+    with torch.compiler.set_stance("fail_on_recompile"):
+        if not watch:
+            for step in steps[WARMUP:]:
+                step()
+            return f"ran {len(steps) - WARMUP} steps (graphs: tests/test_accelerator_path.py)"
+        with no_syncs_allowed(device):
+            for step in steps[WARMUP:]:
+                step()
     return f"no sync in {len(steps) - WARMUP} steps"
 
 
@@ -274,40 +291,61 @@ def accuracy(device: torch.device, shapes: dict, block: int, solver: str, steps:
     return relative_difference(on_device, exact), relative_difference(on_cpu, exact)
 
 
-def timing_rows(report: Report, deadline: Deadline, args, device, shapes, block: int, label: str) -> None:
-    """One step_bench table per solver, each in its own guarded row; eigh without CUDA graphs."""
-    if args.dry_run:
-        variants = {"dash_fn compiled (aot_eager)": {"backend": "aot_eager"}}
-    else:
-        variants = {
-            "dash_fn compiled + CUDA graphs": {"backend": "inductor", "mode": "reduce-overhead"},
-            "dash_fn compiled, no CUDA graphs": {"backend": "inductor"},
-        }
-    peak = matmul_peak(device)
-    report.line(f"\nfloat32 matmul peak measured {peak / 1e12:.2f} TFLOP/s\n")
-    tables = []
-    for solver in args.solver:
-        ran = {name: kw for name, kw in variants.items() if not (solver == "eigh" and kw.get("mode"))}
-        if len(ran) < len(variants):
-            report.row(
-                f"{solver}: CUDA-graph rows",
-                "not timed: torch.linalg.eigh reads cuSOLVER's error flags on the host, which stream capture rejects",
-            )
+def compiled_variants(dry_run: bool, solver: str) -> dict[str, dict]:
+    """The compiled rows of a solver's table: name -> torch.compile options. Never eigh under
+    CUDA graphs: torch.linalg.eigh reads cuSOLVER's error flags on the host, which stream
+    capture rejects."""
+    if dry_run:
+        return {"dash_fn compiled (aot_eager)": {"backend": "aot_eager"}}
+    variants = {
+        "dash_fn compiled + CUDA graphs": {"backend": "inductor", "mode": "reduce-overhead"},
+        "dash_fn compiled, no CUDA graphs": {"backend": "inductor"},
+    }
+    return {name: kw for name, kw in variants.items() if not (solver == "eigh" and kw.get("mode"))}
 
-        def table(solver=solver, ran=ran) -> tuple[str, bool]:
+
+def timing_rows(report: Report, deadline: Deadline, args, device, shapes, block: int, label: str) -> None:
+    """One step_bench table per solver, each in its own guarded row, its rows written to the
+    report as each implementation finishes."""
+    peaks: list[float] = []
+
+    def measure_peak() -> tuple[str, bool]:
+        peaks.append(matmul_peak(device))
+        return f"{peaks[0] / 1e12:.2f} TFLOP/s", True
+
+    guarded(report, deadline, "float32 matmul peak", 10, measure_peak)
+    rows: list[dict] = []
+    for solver in args.solver:
+        variants = compiled_variants(args.dry_run, solver)
+        if not args.dry_run and solver == "eigh":
+            report.row("eigh: CUDA-graph rows", "not timed: " + compiled_variants.__doc__.split(": ", 1)[1].strip())
+
+        def table(solver=solver, variants=variants) -> tuple[str, bool]:
             before = cudagraph_skips()
-            rows = bench(shapes, label, block, solver, device, args.reps, peak, ran, warmup=WARMUP)
-            torch._dynamo.reset()
+            report.line()
+            report.line("\n".join(markdown([]).splitlines()[:2]))  # the table's header; rows follow as they come
+            try:
+                new = bench(
+                    shapes,
+                    label,
+                    block,
+                    solver,
+                    device,
+                    args.reps,
+                    peaks[0] if peaks else float("nan"),
+                    variants,
+                    warmup=WARMUP,
+                    on_row=lambda row: report.line(markdown([row]).splitlines()[2]),
+                )
+            finally:
+                torch._dynamo.reset()  # frees the graphs and CUDA-graph pools before the next table
+                report.line()
+            rows.extend(new)
             skips = cudagraph_skips() - before
-            tables.append(rows)
-            return f"{len(rows)} rows (below); CUDA-graph skips {skips}", skips == 0
+            return f"{len(new)} rows (above); CUDA-graph skips {skips}", skips == 0
 
         guarded(report, deadline, f"{solver}: step times, {label}", 60 if args.dry_run else 150, table)
-    rows = [row for rows in tables for row in rows]
     if rows:
-        report.line()
-        report.line(markdown(rows))
-        report.line()
         report.line(speedups(rows))
 
 
@@ -324,6 +362,8 @@ def run(args, report: Report) -> None:
         small = {k: (r // 8, c // 8) for k, (r, c) in shapes.items()}  # the CPU's float64 run stays short
         cuda_graphs = {"backend": "inductor", "mode": "reduce-overhead"}
         torch.backends.cuda.matmul.allow_tf32 = False
+        # a graph that CUDA graphs would skip raises, with Inductor's reason, instead of running uncaptured
+        torch._inductor.config.triton.cudagraph_or_error = True
         name = torch.cuda.get_device_name()
     import tensordict
 
@@ -344,11 +384,15 @@ def run(args, report: Report) -> None:
 
         check = f"{solver}: float32 on {device.type} vs float64 on CPU, 12 steps, max relative difference"
         guarded(report, deadline, check, 20 if args.dry_run else 60, agreement)
-    torch._dynamo.reset()
+    try:
+        torch._dynamo.reset()
+    except Exception as error:  # a sticky device error: the rows after it fail on their own
+        report.row("reset between sections", describe(error), False)
     timing_rows(report, deadline, args, device, shapes, block, label)
     report.line()
-    verdict = f"FAILED: {', '.join(report.failures)}" if report.failures else "every check passed"
-    report.line(f"{verdict}; total wall time {deadline.elapsed():.0f} s of a {args.budget:.0f} s budget")
+    verdict = f"FAILED: {', '.join(report.failures)}" if report.failures else "every check that ran passed"
+    not_run = f"; {len(report.not_run)} not run (budget)" if report.not_run else ""
+    report.line(f"{verdict}{not_run}; total wall time {deadline.elapsed():.0f} s of a {args.budget:.0f} s budget")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -371,10 +415,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         args.reps = 1
     report = Report(args.out)
+    # should a row hang past the budget, the log shows where (a killed run writes no traceback)
+    faulthandler.dump_traceback_later(args.budget + 120, exit=False)
     try:
         with simulated_accelerator() if args.dry_run else contextlib.nullcontext():
             run(args, report)
     finally:
+        faulthandler.cancel_dump_traceback_later()
         report.close()
     return 1 if report.failures else 0
 

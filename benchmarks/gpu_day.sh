@@ -11,11 +11,12 @@
 # stops starting new rows; ARGS go to gpu_check.py (--dry-run checks this script on a CPU).
 # GPU_PYTHON (default 3.12, the GPU image's) is the Python the wheels are fetched for.
 set -euo pipefail
+caller=$PWD
 cd "$(dirname "$0")/.."
 WHEELS=.whl
 PYTHON=${PYTHON:-python3}
 # tensordict as CI tests it (pyproject.toml) and the one requirement the GPU image lacks
-# (it ships numpy and cloudpickle); both are pure Python
+# (it ships numpy and cloudpickle); both are pure Python, which `run` relies on
 WANTED=("tensordict==0.15.3" "pyvers>=0.2,<0.3")
 
 case "${1:-}" in
@@ -29,8 +30,14 @@ fetch)
     ;;
 run)
     out=${2:?usage: gpu_day.sh run OUT [BUDGET] [gpu_check.py arguments]}
-    budget=${3:-420}
-    shift $(($# < 3 ? $# : 3))
+    [[ $out = /* ]] || out=$caller/$out
+    if [[ ${3:-} =~ ^[0-9]+$ ]]; then
+        budget=$3
+        shift 3
+    else
+        budget=420
+        shift 2
+    fi
     mkdir -p "$out"
     "$PYTHON" -c "import torch, numpy, cloudpickle" || {
         echo "gpu_day.sh: $PYTHON lacks torch, numpy or cloudpickle: fetch them as wheels too" >&2
@@ -41,14 +48,16 @@ run)
         exit 2
     }
     site=$(mktemp -d)
-    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$WHEELS"/*.whl
+    trap 'rm -rf "$site"' EXIT
+    # pure-Python wheels (py3-none-any): unpacked as they are, no pip needed (nor its settings)
+    for wheel in "$WHEELS"/*.whl; do
+        "$PYTHON" -m zipfile -e "$wheel" "$site"
+    done
     export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
     "$PYTHON" -c "import tensordict, dash_fn; print('tensordict', tensordict.__version__, 'from', tensordict.__file__)"
     set +e
     "$PYTHON" benchmarks/gpu_check.py --budget "$budget" --out "$out/gpu_check.md" "$@" 2>&1 | tee "$out/gpu_check.log"
-    status=${PIPESTATUS[0]}
-    rm -rf "$site"
-    exit "$status"
+    exit "${PIPESTATUS[0]}"
     ;;
 *)
     sed -n '2,12p' "$0" >&2

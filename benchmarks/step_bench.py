@@ -159,12 +159,15 @@ def bench(
     peak: float,
     compiled_variants: dict[str, dict],
     warmup: int = 1,
+    on_row: Callable[[dict], object] | None = None,
 ):
-    """Rows of the table for one layer (``label`` names it in the d_model column). Each
-    implementation first runs ``warmup`` plain and refresh steps (compiles; under CUDA graphs
-    3, so that the recording call is not timed). On CUDA the peak memory is read over the
-    warm-up, where CUDA graphs allocate their pool; on the CPU over one step after it (the
-    resident-set high-water mark would count the compiler's memory)."""
+    """Rows of the table for one layer (``label`` names it in the d_model column), each also
+    passed to ``on_row`` as soon as it is measured. Each implementation first runs ``warmup``
+    plain and refresh steps (compiles; under CUDA graphs 3, so that the recording call is not
+    timed). On CUDA the peak memory is read over the warm-up after its first call (the
+    compiler's own memory), so it sees CUDA graphs allocate their pool while recording; on the
+    CPU over one step after the warm-up (the resident-set high-water mark would count the
+    compiler's memory)."""
     config = dash_fn.DashConfig(
         block_size=block_size, solver=solver, refresh_schedule="periodic"
     )  # plain, refresh apart
@@ -175,39 +178,41 @@ def bench(
     rows = []
     for name, (plain, refresh, nbytes) in impls.items():
 
-        def warm(plain=plain, refresh=refresh):
-            for _ in range(warmup):
+        def warm(calls: int, plain=plain, refresh=refresh):
+            for _ in range(calls):
                 plain()
                 if refresh is not None:
                     refresh()
 
-        if device.type == "cuda":
-            mem = peak_step_memory(warm, device)
+        warm(1)
+        if device.type == "cuda" and warmup > 1:
+            mem = peak_step_memory(lambda: warm(warmup - 1), device)
         else:
-            warm()
+            warm(warmup - 1)
             mem = None
         t_plain = median_seconds(plain, reps, device)
         t_refresh = median_seconds(refresh, max(1, reps // 2), device) if refresh is not None else None
         mem = mem if mem is not None else peak_step_memory(refresh or plain, device)
         is_adamw = refresh is None
-        rows.append(
-            {
-                "impl": name,
-                "d_model": label,
-                "block": "-" if is_adamw else block_size,
-                "solver": "-" if is_adamw else solver,
-                "plain_ms": 1e3 * t_plain,
-                "refresh_ms": None if t_refresh is None else 1e3 * t_refresh,
-                "plain_gflop": None if is_adamw else flops_plain / 1e9,
-                "plain_peak": None if is_adamw else flops_plain / t_plain / peak,
-                "refresh_gflop": None if is_adamw or flops_solver is None else (flops_plain + flops_solver) / 1e9,
-                "refresh_peak": None
-                if is_adamw or flops_solver is None
-                else (flops_plain + flops_solver) / t_refresh / peak,
-                "peak_mem_mib": mem / 2**20,
-                "state_b_per_param": None if nbytes is None else nbytes / n_params,
-            }
-        )
+        row = {
+            "impl": name,
+            "d_model": label,
+            "block": "-" if is_adamw else block_size,
+            "solver": "-" if is_adamw else solver,
+            "plain_ms": 1e3 * t_plain,
+            "refresh_ms": None if t_refresh is None else 1e3 * t_refresh,
+            "plain_gflop": None if is_adamw else flops_plain / 1e9,
+            "plain_peak": None if is_adamw else flops_plain / t_plain / peak,
+            "refresh_gflop": None if is_adamw or flops_solver is None else (flops_plain + flops_solver) / 1e9,
+            "refresh_peak": None
+            if is_adamw or flops_solver is None
+            else (flops_plain + flops_solver) / t_refresh / peak,
+            "peak_mem_mib": mem / 2**20,
+            "state_b_per_param": None if nbytes is None else nbytes / n_params,
+        }
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
     return rows
 
 

@@ -31,7 +31,10 @@ def make_train_step(model: Llama, config: dash_fn.DashConfig, **compile_kwargs):
     """A compiled ``(params, state, tokens, lr, t) -> (params, state, loss)``.
 
     ``t`` is the host-side number of the step being taken, passed on as
-    ``refresh=is_refresh_step(config, t)`` (a static branch: one graph per value).
+    ``refresh=is_refresh_step(config, t)`` (a static branch: one graph per value). The new
+    parameters are copied into the ones passed in, which stay the step's fixed input buffers:
+    under CUDA graphs (``mode="reduce-overhead"``) a replay overwrites the previous replay's
+    outputs, so they must not be fed back as the next call's inputs.
     """
 
     def train_step(params, state, tokens, lr, refresh):
@@ -41,8 +44,15 @@ def make_train_step(model: Llama, config: dash_fn.DashConfig, **compile_kwargs):
 
     compiled = torch.compile(train_step, fullgraph=True, **compile_kwargs)
 
+    cuda_graphs = compile_kwargs.get("mode") == "reduce-overhead"
+
     def run(params, state, tokens, lr, t: int):
-        return compiled(params, state, tokens, lr, dash_fn.is_refresh_step(config, t))
+        if cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        new, state, loss = compiled(params, state, tokens, lr, dash_fn.is_refresh_step(config, t))
+        for name, p in params.items():
+            p.copy_(new[name])
+        return params, state, loss.clone()
 
     return run
 
@@ -107,6 +117,8 @@ def _main(argv: list[str] | None = None) -> None:
         device
     )
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    for p in params.values():  # fixed buffers: CUDA graphs read them in place (make_train_step)
+        torch._dynamo.mark_static_address(p, guard=False)
     config = dash_fn.DashConfig(block_size=args.block_size, solver=args.solver, inv_root_freq=args.inv_root_freq)
     state = dash_fn.init(params, config)
     train_step = make_train_step(model, config, **compile_kwargs)

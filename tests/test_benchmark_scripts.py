@@ -22,7 +22,7 @@ def test_gpu_check_dry_run(tmp_path):
     assert "| adapter, eager | no sync in 5 steps |" in out  # counted under the simulated accelerator strategy
     assert "| functional step, compiled | ran 5 steps" in out and "from eager (limit 1e-04) |" in out
     assert "| ndb: float32 on cpu vs float64 on CPU" in out
-    assert "every check passed" in out.splitlines()[-1]
+    assert "every check that ran passed" in out.splitlines()[-1]
 
 
 def test_gpu_check_keeps_going_after_a_failed_row_and_fails_the_run(tmp_path, monkeypatch):
@@ -48,10 +48,21 @@ def test_gpu_check_keeps_going_after_a_failed_row_and_fails_the_run(tmp_path, mo
 def test_gpu_check_fails_on_wrong_numbers(tmp_path, monkeypatch):
     """Compiled results off eager by more than the tolerance, and a device far from float64
     where the CPU's float32 is close, fail their rows (a run that only crashes can't catch them)."""
-    report = tmp_path / "gpu.md"
-    monkeypatch.setattr(gpu_check, "COMPILED_TOLERANCE", -1.0)
-    monkeypatch.setattr(gpu_check, "accuracy", lambda *args: (1e-2, 1e-5))
+
+    def off_when_compiled(make):
+        def run(device, width, block, compile):
+            steps, params = make(device, width, block, compile)
+            if compile in (None, False):
+                return steps, params
+            return steps, lambda: {k: v * (1 + 1e-3) for k, v in params().items()}
+
+        return run
+
+    monkeypatch.setattr(gpu_check, "adapter_run", off_when_compiled(gpu_check.adapter_run))
+    monkeypatch.setattr(gpu_check, "functional_run", off_when_compiled(gpu_check.functional_run))
+    monkeypatch.setattr(gpu_check, "accuracy", lambda device, shapes, block, solver: (1e-2, 1e-5))
     monkeypatch.setattr(gpu_check, "timing_rows", lambda *args: None)
+    report = tmp_path / "gpu.md"
     assert gpu_check.main(["--dry-run", "--out", str(report)]) == 1
     failed = [line.split(" | ")[0][2:] for line in report.read_text().splitlines() if line.endswith("**FAILED** |")]
     assert failed == [
@@ -60,6 +71,27 @@ def test_gpu_check_fails_on_wrong_numbers(tmp_path, monkeypatch):
         "ndb: float32 on cpu vs float64 on CPU, 12 steps, max relative difference",
         "eigh: float32 on cpu vs float64 on CPU, 12 steps, max relative difference",
     ]
+    assert "1.0e-03 from eager (limit 1e-04)" in report.read_text()
+    # the other way round (the device closer to float64 than the CPU's float32) passes
+    monkeypatch.setattr(gpu_check, "accuracy", lambda device, shapes, block, solver: (1e-5, 1e-2))
+    monkeypatch.setattr(gpu_check, "sync_and_graph_rows", lambda *args: None)
+    assert gpu_check.main(["--dry-run", "--out", str(report)]) == 0
+
+
+def test_gpu_check_fails_a_row_that_cuda_graphs_skipped(tmp_path, monkeypatch):
+    skips = iter(range(100))
+    monkeypatch.setattr(gpu_check, "cudagraph_skips", lambda: next(skips))
+    monkeypatch.setattr(gpu_check, "accuracy", lambda *args: (0.0, 0.0))
+    report = tmp_path / "gpu.md"
+    assert gpu_check.main(["--dry-run", "--solver", "ndb", "--out", str(report)]) == 1
+    failed = [line.split(" | ")[0][2:] for line in report.read_text().splitlines() if line.endswith("**FAILED** |")]
+    assert failed == ["adapter, compiled", "functional step, compiled", "ndb: step times, tiny"]
+
+
+def test_gpu_check_times_eigh_without_cuda_graphs():
+    """eigh syncs (cuSOLVER's error flags), which stream capture rejects: never under CUDA graphs."""
+    assert [kw.get("mode") for kw in gpu_check.compiled_variants(False, "ndb").values()] == ["reduce-overhead", None]
+    assert [kw.get("mode") for kw in gpu_check.compiled_variants(False, "eigh").values()] == [None]
 
 
 def test_gpu_check_starts_no_row_past_its_budget(tmp_path):
@@ -68,7 +100,7 @@ def test_gpu_check_starts_no_row_past_its_budget(tmp_path):
     out = report.read_text()
     assert "| adapter, eager | not run: 0 s of the budget left" in out
     assert "| ndb: step times, tiny | not run:" in out and "| dash_fn eager |" not in out
-    assert "every check passed" in out.splitlines()[-1]
+    assert "every check that ran passed; 9 not run (budget)" in out.splitlines()[-1]
 
 
 def test_step_bench_quick(capsys):

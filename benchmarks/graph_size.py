@@ -46,8 +46,16 @@ def main(argv: list[str] | None = None) -> None:
         "--floor-mib", type=int, help="refresh temporaries never cut below this (default: the package's)"
     )
     args = parser.parse_args(argv)
+    saved = roots.SMALL_WORKSPACE
     if args.floor_mib is not None:
         roots.SMALL_WORKSPACE = args.floor_mib * 2**20
+    try:
+        table()
+    finally:
+        roots.SMALL_WORKSPACE = saved
+
+
+def table() -> None:
     print(f"torch {torch.__version__}; chunks cut above {roots.SMALL_WORKSPACE / 2**20:.0f} MiB of temporaries")
     print(f"one NDB solve: {one_solve_ops()} ops\n")
     print("| step | ops | matrix products |\n|---|---|---|")

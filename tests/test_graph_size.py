@@ -27,6 +27,7 @@ from graph_size import one_solve_ops, traced_ops  # noqa: E402
 def test_the_953m_layer_refresh_holds_few_solver_copies(schedule, refresh, solves):
     """The graph holds about ``solves`` copies of the solver (a chunk is a copy), not one per
     block (a staggered slice of 10 blocks cut into chunks of one was 10 copies a stack)."""
+    assert roots.SMALL_WORKSPACE == 2**30  # the package's floor (no other test left its own behind)
     ops, products = traced_ops(schedule, refresh)
     per_solve = one_solve_ops()
     assert (solves - 1) * per_solve < ops < (solves + 1) * per_solve, (ops, per_solve)

@@ -15,7 +15,7 @@ SCALINGS = ("fro", "pi", "pim")
 EIGH_HEURISTICS = ("shampoo", "abs", "abs_add", "relu")
 GRAFTINGS = ("adam", "adagrad")
 ONE_DIM = ("adamw", "shampoo")
-REFRESH_SCHEDULES = ("auto", "periodic", "staggered")
+REFRESH_SCHEDULES = ("staggered", "periodic")
 DTYPES = ("float32", "bfloat16", "float16")
 STORAGE_FIELDS = ("factor_dtype", "root_dtype", "grad_ema_dtype", "graft_dtype")
 
@@ -42,12 +42,11 @@ class DashConfig:
         ``newton_steps`` = 10, int >= 1: iterations of CN and of each NDB call.
         ``inv_root_freq`` = 10, int >= 1: roots refreshed at step start_prec_step and every
             inv_root_freq-th step after it (4 d).
-        ``refresh_schedule`` = "auto": "periodic" refreshes every root at those steps (a
-            refresh step costs several plain ones; two programs picked on the host),
-            "staggered" refreshes 1/inv_root_freq of every factor stack on every step (each
-            root as stale at most, every step the same program: one graph), or "auto"
-            (staggered wherever the step is compiled or runs off the CPU, periodic eager on
-            the CPU) (4 d, :mod:`dash_fn.schedule`).
+        ``refresh_schedule`` = "staggered": "staggered" refreshes 1/inv_root_freq of every
+            factor stack on every step (each root as stale at most, every step the same
+            program: one graph), "periodic" every root at those steps (a refresh step costs
+            several plain ones; two programs picked on the host). The same math eager or
+            compiled, on every device (4 d, :mod:`dash_fn.schedule`).
         ``start_prec_step`` = 1, int >= 1 or math.inf: steps before it are Adam; math.inf
             never preconditions.
         ``eps`` = 1e-10, >= 0: eigh, CN and NDB invert ``X + eps I``.
@@ -133,7 +132,7 @@ class DashConfig:
     scaling: str = "pim"
     newton_steps: int = 10
     inv_root_freq: int = 10
-    refresh_schedule: str = "auto"
+    refresh_schedule: str = "staggered"
     start_prec_step: float = 1  # an int >= 1, or math.inf for "never precondition"
     eps: float = 1e-10
     eigh_heuristic: str = "shampoo"

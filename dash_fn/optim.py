@@ -11,8 +11,8 @@ The state of a group lives in ``optimizer.state[first parameter of the group]`` 
 ``{"dash": TensorDict, "step": int}``; ``step`` counts the group's steps on the host, skipped
 or not (the state's ``step + skipped``), and picks each step's refresh flag
 (:func:`dash_fn.is_refresh_step`), so eager and compiled steps on every device follow one
-schedule with no device read (the staggered schedule takes no flag: one compiled graph;
-``refresh_schedule="auto"`` is staggered when compiled or off the CPU). A step skipped for
+schedule with no device read (the staggered schedule, the default, takes no flag: one compiled
+graph). A step skipped for
 non-finite gradients does not advance the state's own counter (its bias corrections), and on a
 periodic refresh step it still refreshes the roots, from the factors it left unchanged
 (:mod:`dash_fn.guard`).
@@ -37,7 +37,7 @@ from .distributed import process_group_info
 from .distributed.dcp import load_param_entries, param_entries
 from .plan import ADAMW
 from .roots import resolve_solver
-from .schedule import refresh_flag, resolve
+from .schedule import is_refresh_step
 from .state import init
 from .step import step as functional_step
 from .strategy import for_device
@@ -68,8 +68,7 @@ class DASH(torch.optim.Optimizer):
     ``torch.compile(dash_fn.step, fullgraph=True)``, built once per optimizer, with ``lr``
     passed as a 0-d tensor, so schedulers never recompile. Each group has two graphs, a plain
     step and a refresh step, picked on the host (``refresh=`` of :func:`dash_fn.step`), with no
-    data-dependent control flow, or one under the staggered schedule (``"auto"``, the default,
-    when compiled); the parameters and the state's tensors, which the step updates
+    data-dependent control flow, or one under the staggered schedule (the default); the parameters and the state's tensors, which the step updates
     in place, are static addresses, so ``compile={"mode": "reduce-overhead"}`` captures each
     step in a CUDA graph (with a matmul solver: eigh syncs, and is refused there). (Dynamo caches
     graphs, and counts its ``recompile_limit``, per code object: each group and kind of step
@@ -188,8 +187,7 @@ class DASH(torch.optim.Optimizer):
             return [*owned_slices(state, skipped), *(values[n] for n in names if n in skipped)]
 
         kept = [x.clone() for x in untouched(state)]
-        host_reads = self._compile is False and for_device(state["step"].device).host_reads
-        refresh = refresh_flag(config, t + 1, resolve(config, host_reads))
+        refresh = is_refresh_step(config, t + 1)  # counted on the host: no device read on any device
         if self._compile is False:
             new, state = functional_step(values, _grads_of(names, params), state, lr=lr, refresh=refresh)
             for n, p in zip(names, params):

@@ -1,13 +1,12 @@
 """When the inverse roots are refreshed: all at once every f steps, or a fixed slice every step.
 
-Two schedules (``DashConfig.refresh_schedule``), f = ``inv_root_freq``, s = ``start_prec_step``,
-and ``"auto"`` (the default), which is the staggered one wherever the step is compiled or runs
-off the CPU, and the periodic one eagerly on the CPU (:func:`resolve`):
+Two schedules (``DashConfig.refresh_schedule``), f = ``inv_root_freq``, s = ``start_prec_step``;
+each is the same math eager or compiled, on every device:
 
 - ``"periodic"``: every root at step s and at every multiple of f after it. A step is one of
   two programs, a plain step or a refresh step (several times its cost), picked on the host
   (``refresh=`` of :func:`dash_fn.step`, :func:`is_refresh_step`).
-- ``"staggered"``: every block has a *phase* in [0, f), and at step t >= s the blocks of phase
+- ``"staggered"`` (the default): every block has a *phase* in [0, f), and at step t >= s the blocks of phase
   ``(t - s) mod f`` refresh their roots (both factors of a two-sided block together). So every
   root is at most f - 1 steps stale, as under the periodic schedule, and every step is the same
   program: each factor stack solves one fixed-size slice of m blocks, picked on the device by
@@ -45,35 +44,19 @@ def is_refresh_step(config: DashConfig, t: int) -> bool | None:
     """The ``refresh=`` flag of step number ``t`` (the first step is 1).
 
     Periodic: ``t == s or (t > s and t % inv_root_freq == 0)`` with s = start_prec_step.
-    Staggered and auto: None (the staggered step takes no flag; eager on the CPU, where auto is
-    periodic, the step reads its counter on the host for free).
+    Staggered: None (the staggered step takes no flag). A caller that counts its steps on the
+    host passes every call, skipped or not (the adapter does).
     """
-    return refresh_flag(config, t, "periodic") if config.refresh_schedule == "periodic" else None
-
-
-def refresh_flag(config: DashConfig, t: int, schedule: str) -> bool | None:
-    """The ``refresh=`` flag of step ``t`` under a resolved ``schedule`` (:func:`resolve`): for a
-    caller that counts its steps on the host (the adapter counts skipped ones too)."""
-    if schedule == "staggered":
+    if config.refresh_schedule == "staggered":
         return None
     s = config.start_prec_step
     return t == s or (t > s and t % config.inv_root_freq == 0)
 
 
-def resolve(config: DashConfig, host_reads: bool) -> str:
-    """The schedule a call runs: ``auto`` is periodic where the step may read the host
-    (``Strategy.host_reads``: eager on the CPU, where a refresh step costs only its time and
-    its flag is free), else staggered (compiled, or off the CPU: one graph, what CUDA graphs
-    capture, and no rank waiting at a refresh for the slowest)."""
-    if config.refresh_schedule != "auto":
-        return config.refresh_schedule
-    return "periodic" if host_reads else "staggered"
-
-
 def staggers(config: DashConfig) -> bool:
     """Whether the state keeps the staggered schedule's tables: roots exist and the schedule
-    is staggered or may be (auto)."""
-    return config.refresh_schedule != "periodic" and config.start_prec_step != float("inf")
+    is staggered."""
+    return config.refresh_schedule == "staggered" and config.start_prec_step != float("inf")
 
 
 def block_numbers(plan: Plan, shard) -> list[list[int]]:

@@ -18,7 +18,7 @@ from .inputs import check_step_inputs, flatten, order_like_plan, rebuild
 from .plan import ADAMW, EMPTY, SEGMENTS, Plan
 from .roots import refresh_roots
 from .roots.matmul import stacked_matmul
-from .schedule import SCHEDULE_KEY, due_slice, has_root, is_refresh_step, resolve
+from .schedule import SCHEDULE_KEY, due_slice, has_root, is_refresh_step
 from .storage import ema_
 from .strategy import Strategy, for_device
 
@@ -39,9 +39,9 @@ def step(params, grads, state: TensorDict, *, lr, refresh: bool | None = None):
     only eager CPU calls may do (a sync elsewhere; a compiled step would break its graph):
     elsewhere it raises ValueError. A step skipped by the non-finite guard still refreshes when
     ``refresh=True``, from the factors it left unchanged (:mod:`dash_fn.guard`). Under
-    ``refresh_schedule="staggered"`` (and ``"auto"`` when compiled or off the CPU) every step
-    refreshes its slice of the roots (:mod:`dash_fn.schedule`) and takes no flag: ``refresh``
-    must be None (as :func:`is_refresh_step` returns).
+    ``refresh_schedule="staggered"`` (the default) every step refreshes its slice of the roots
+    (:mod:`dash_fn.schedule`) and takes no flag: ``refresh`` must be None (as
+    :func:`is_refresh_step` returns).
 
     Buffer donation: the input params are never modified, but the state's tensors are updated
     in place and the same TensorDict is returned (like JAX's donated buffers), so memory holds
@@ -65,13 +65,10 @@ def step(params, grads, state: TensorDict, *, lr, refresh: bool | None = None):
     ordered_grads = order_like_plan(plan, grad_names, [to_local(x) for x in grad_list], "grads")
     check_step_inputs(shard.local, state, ordered_params, ordered_grads, lr, refresh)
     strategy = for_device(state["step"].device)
-    schedule = resolve(config, strategy.host_reads)
+    schedule = config.refresh_schedule
     if schedule == "staggered" and refresh is not None:
-        auto = " (refresh_schedule='auto' is staggered when compiled or off the CPU)" * (
-            config.refresh_schedule == "auto"
-        )
         raise ValueError(
-            f"step: refresh={refresh!r}, but the staggered schedule{auto} refreshes a slice of the roots on every "
+            f"step: refresh={refresh!r}, but the staggered schedule refreshes a slice of the roots on every "
             "step and takes no flag; pass refresh=None (dash_fn.is_refresh_step returns None for it), or choose "
             "refresh_schedule='periodic'"
         )

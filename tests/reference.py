@@ -125,12 +125,6 @@ class ReferenceDash:
         return x if name is None else x.to(getattr(torch, name)).to(f64)
 
     def staggered(self) -> bool:
-        """The schedule of an eager step: "auto" is periodic on the CPU strategy, staggered on
-        the accelerator strategy (simulated here on CPU tensors)."""
-        if self.c.refresh_schedule == "auto":
-            from dash_fn.strategy import simulating
-
-            return simulating()
         return self.c.refresh_schedule == "staggered"
 
     def refresh(self, t: int, blk) -> bool:

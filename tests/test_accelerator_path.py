@@ -41,7 +41,7 @@ def _accelerator():
         yield
 
 
-@pytest.mark.parametrize("schedule", ["periodic", "auto"])
+@pytest.mark.parametrize("schedule", ["periodic", "staggered"])
 @pytest.mark.parametrize("kind", PARAMS)
 @pytest.mark.parametrize("solver", MATMUL_SOLVERS)
 def test_functional_eager_steps_do_not_sync(solver, kind, schedule):
@@ -124,7 +124,7 @@ def check_graphs(graphs: list, expected: int) -> None:
         assert any(node.op == "placeholder" for node in gm.graph.nodes)
 
 
-@pytest.mark.parametrize("schedule, expected", [("periodic", 2), ("auto", 1)])
+@pytest.mark.parametrize("schedule, expected", [("periodic", 2), ("staggered", 1)])
 @pytest.mark.parametrize("solver", MATMUL_SOLVERS)
 def test_compiled_step_graphs_hold_no_sync_and_pass_the_cuda_graph_checks(solver, schedule, expected):
     """Every graph of the compiled functional step (periodic: two; auto, staggered here: one):

@@ -225,3 +225,35 @@ def test_a_period_longer_than_the_model_keeps_the_tables_small():
         changed = (before["0"] != roots(state)["0"]).flatten(1).any(1)
         assert torch.equal(changed, phase == t - 1), t
         before = roots(state)
+
+
+@pytest.mark.sets_accelerator
+@pytest.mark.parametrize("solver", ["eigh", "ndb"])
+def test_the_default_config_trains_alike_eager_compiled_and_on_the_accelerator_strategy(solver):
+    """One config, one training: the default schedule is the same math eager or compiled, on the
+    CPU strategy or the accelerator's (only the forms differ, so float64 agrees to rounding,
+    amplified by the factors' conditioning). The other schedule, which the old default ("auto")
+    ran eagerly on the CPU, is far outside that."""
+    # every other field its default but eps: at 1e-10 the near-null eigenvalues of these
+    # rank-deficient factors turn rounding noise into 1e-6 differences (eps^(-1/4)), any two forms
+    config = dash_fn.DashConfig(block_size=24, solver=solver, inv_root_freq=3, eps=1e-6)
+    assert config.refresh_schedule == "staggered"
+    params = mixed_params(torch.float64)
+    runs = {}
+    with simulated_accelerator(False):
+        runs["eager, cpu"], _ = run(params, config, 9)
+        compiled = torch.compile(dash_fn.step, fullgraph=True, backend="aot_eager")
+        runs["compiled, cpu"], _ = run(params, config, 9, step=compiled)
+    torch._dynamo.reset()
+    with simulated_accelerator():
+        runs["eager, accelerator"], _ = run(params, config, 9)
+    with simulated_accelerator(False):
+        periodic, _ = run(params, config.replace(refresh_schedule="periodic"), 9)
+    want = runs.pop("eager, cpu")
+    start = mixed_params(torch.float64)
+
+    def difference(got) -> float:
+        return max(float((got[k] - want[k]).norm() / (want[k] - start[k]).norm()) for k in want)
+
+    assert {name: difference(got) < 1e-8 for name, got in runs.items()} == dict.fromkeys(runs, True)
+    assert difference(periodic) > 1e-4

@@ -42,7 +42,7 @@ def worker(rank: int, world_size: int, args, init_file: str, out: str) -> None:
     gen = torch.Generator().manual_seed(0)
     params = {name: torch.randn(shape, generator=gen) for name, shape in layer_shapes(args.d_model).items()}
     grads = {name: torch.randn(x.shape, generator=gen) for name, x in params.items()}
-    config = dash_fn.DashConfig(block_size=args.block_size, solver=args.solver)
+    config = dash_fn.DashConfig(block_size=args.block_size, solver=args.solver, refresh_schedule="periodic")
     state = dash_fn.init(params, config, group)
     times = {"plain": [], "refresh": []}
     for rep in range(args.reps + 1):

@@ -43,7 +43,7 @@ from plain_step import timed  # noqa: E402
 
 def factor_stacks(d: int, block: int) -> tuple[list[torch.Tensor], dash_fn.DashConfig, list[int]]:
     """The factor stacks (and their root orders) of 3 x Linear(d, d) after one step."""
-    config = dash_fn.DashConfig(block_size=block, solver="eigh")
+    config = dash_fn.DashConfig(block_size=block, solver="eigh", refresh_schedule="periodic")
     gen = torch.Generator().manual_seed(0)
     params = {f"{i}.weight": torch.randn(d, d, generator=gen) / d**0.5 for i in range(3)}
     state = dash_fn.init(params, config)

@@ -251,7 +251,9 @@ def worker(rank: int, world_size: int, args, d_model: int, init_file: str, out: 
     runs = {}
     for mode in MODES:
         params = {name: shard_of(x, mesh) for name, x in full.items()}
-        config = dash_fn.DashConfig(block_size=args.block_size, solver=args.solver, fsdp_blocks=mode)
+        config = dash_fn.DashConfig(
+            block_size=args.block_size, solver=args.solver, fsdp_blocks=mode, refresh_schedule="periodic"
+        )  # plain and refresh steps timed apart
         runs[mode] = [params, dash_fn.init(params, config)]
     times = {(mode, kind): [] for mode in MODES for kind in ("plain", "refresh")}
     for rep in range(args.reps + 1):  # the modes alternate, so that a change of load hits both

@@ -27,7 +27,7 @@ from step_bench import layer_shapes
 
 def largest_stack(d: int, block: int, solver: str):
     """(factors, roots, order, config, start vectors) of the layer's largest factor stack."""
-    config = dash_fn.DashConfig(block_size=block, solver=solver)
+    config = dash_fn.DashConfig(block_size=block, solver=solver, refresh_schedule="periodic")
     gen = torch.Generator().manual_seed(0)
     params = {k: torch.randn(s, generator=gen) for k, s in layer_shapes(d).items()}
     state = dash_fn.init(params, config)

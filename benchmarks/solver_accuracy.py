@@ -79,7 +79,7 @@ def trained_factors(b: int, steps: int, K: int) -> torch.Tensor:
     model = Llama(config)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     train, _ = stdlib_corpus(2_000_000)
-    state = dash_fn.init(params, dash_fn.DashConfig(block_size=b, solver="eigh"))
+    state = dash_fn.init(params, dash_fn.DashConfig(block_size=b, solver="eigh", refresh_schedule="periodic"))
     grad_fn = torch.func.grad(lambda p, tokens: next_byte_loss(model, p, tokens))
     for t in range(1, steps + 1):
         grads = grad_fn(params, batch_at(train, t, 16, config.context, 0))

@@ -66,10 +66,11 @@ class DASH(torch.optim.Optimizer):
 
     ``compile=True`` (or a dict of ``torch.compile`` keyword arguments) runs
     ``torch.compile(dash_fn.step, fullgraph=True)``, built once per optimizer, with ``lr``
-    passed as a 0-d tensor, so schedulers never recompile. Each group has two graphs, a plain
-    step and a refresh step, picked on the host (``refresh=`` of :func:`dash_fn.step`), with no
-    data-dependent control flow, or one under the staggered schedule (the default); the parameters and the state's tensors, which the step updates
-    in place, are static addresses, so ``compile={"mode": "reduce-overhead"}`` captures each
+    passed as a 0-d tensor, so schedulers never recompile. Each group has one graph under the
+    staggered schedule (the default), or two under the periodic one, a plain step and a refresh
+    step picked on the host (``refresh=`` of :func:`dash_fn.step`), with no data-dependent
+    control flow; the parameters and the state's tensors, which the step updates in place, are
+    static addresses, so ``compile={"mode": "reduce-overhead"}`` captures each
     step in a CUDA graph (with a matmul solver: eigh syncs, and is refused there). (Dynamo caches
     graphs, and counts its ``recompile_limit``, per code object: each group and kind of step
     gets a copy of its own, so any number of groups of different shapes compile.)

@@ -88,7 +88,7 @@ def read_config(blob, where: str = "checkpoint") -> DashConfig:
         if name not in CONFIG_FIELDS:
             raise ValueError(f"{where}: config has unknown field {name!r} (written by another dash_fn version?)")
     # A field the writer did not know yet takes its default, the behaviour the writer had; but
-    # for the refresh schedule, whose default became "auto" after every writer had "periodic",
+    # for the refresh schedule, periodic in every writer that had no such field,
     # and thin blocks, two-sided in every writer before thin_ratio.
     try:
         return DashConfig(**{"refresh_schedule": "periodic", "thin_ratio": math.inf, **config})

@@ -18,6 +18,21 @@ DISTRIBUTED_WORLD_SIZE = 2 if simulating() else 3
 MIXED_SHAPES = {"square": (64, 64), "rect": (100, 37), "conv": (3, 5, 7, 7), "bias": (256,), "vec": (7,), "scalar": ()}
 
 
+def selected_scenarios(request) -> list[str]:
+    """The ``scenario`` parameters of the session's selected tests in the module that use the
+    fixture asking, so that its worker runs just those (``-m compat``, ``-k``); empty when any
+    selected test there reads more than one scenario's results (the worker then runs them all)."""
+    wanted = set()
+    for item in request.session.items:
+        if item.module is not request.module or request.fixturename not in item.fixturenames:
+            continue
+        scenario = getattr(item, "callspec", None) and item.callspec.params.get("scenario")
+        if scenario is None:
+            return []
+        wanted.add(scenario)
+    return sorted(wanted)
+
+
 def mixed_params(dtype=torch.float32, seed=0, shapes=MIXED_SHAPES):
     gen = torch.Generator().manual_seed(seed)
     return {k: torch.randn(s, generator=gen, dtype=torch.float64).to(dtype) for k, s in shapes.items()}

@@ -96,12 +96,15 @@ def run(params, config, process_group=None, steps=STEPS, compile_backend=None, b
     return params, state
 
 
-def main(rank: int, world_size: int, init_file: str, out: str) -> None:
+def main(rank: int, world_size: int, init_file: str, out: str, *only: str) -> None:
+    """Every scenario, one process and sharded, or just those named in ``only``."""
     torch.set_num_threads(int(os.environ.get("DASH_TEST_THREADS", "1")))
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     group = dist.group.WORLD
     results = {}
     for name, (make_params, config) in SCENARIOS.items():
+        if only and name not in only:
+            continue
         single, single_state = run(make_params(), config, batch_dims=BATCH_DIMS.get(name))
         sharded, sharded_state = run(
             make_params(), config, group, batch_dims=BATCH_DIMS.get(name), faults=FAULTS.get(name)
@@ -113,15 +116,17 @@ def main(rank: int, world_size: int, init_file: str, out: str) -> None:
             "single_bytes": state_bytes(single_state),
             "sharded_bytes": state_bytes(sharded_state),
         }
-    config = SCENARIOS["ndb"][1]
-    results["bf16"] = {"sharded": run(mixed_params(), config.replace(comm_dtype="bfloat16"), group)[0]}
-    torch._dynamo.config.recompile_limit = 64  # the two runs below compile one graph each
-    results["compiled"] = {
-        "single": run(mixed_params(), SCENARIOS["eigh"][1], compile_backend="aot_eager")[0],
-        "sharded": run(mixed_params(), SCENARIOS["eigh"][1], group, compile_backend="aot_eager")[0],
-    }
-    results["adapter"] = adapter_run(group)
-    results["syncs"] = count_syncs(group)
+    if not only or "compiled" in only:
+        torch._dynamo.config.recompile_limit = 64  # the two runs below compile one graph each
+        results["compiled"] = {
+            "single": run(mixed_params(), SCENARIOS["eigh"][1], compile_backend="aot_eager")[0],
+            "sharded": run(mixed_params(), SCENARIOS["eigh"][1], group, compile_backend="aot_eager")[0],
+        }
+    if not only:
+        config = SCENARIOS["ndb"][1]
+        results["bf16"] = {"sharded": run(mixed_params(), config.replace(comm_dtype="bfloat16"), group)[0]}
+        results["adapter"] = adapter_run(group)
+        results["syncs"] = count_syncs(group)
     torch.save(results, os.path.join(out, f"rank{rank}.pt"))
     dist.barrier()
     dist.destroy_process_group()
@@ -181,4 +186,4 @@ def count_syncs(group) -> list[str]:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])
+    main(int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:])

@@ -1,10 +1,11 @@
 """What each spawned rank of tests/test_fsdp.py runs (gloo on CPU).
 
-``python fsdp_worker.py RANK W INIT_FILE OUT TASK [FROM_W]``:
+``python fsdp_worker.py RANK W INIT_FILE OUT TASK [FROM_W | SCENARIO ...]``:
 
 - ``equal``: functional scenarios on DTensor shards (``Shard(0)`` on a 1-D mesh, uneven and
   empty shards), each rank's shards after 10 steps written for the test to compare with one
-  process; local mode beside its per-shard oracle; the aot_eager-compiled step.
+  process; local mode beside its per-shard oracle; the aot_eager-compiled step (or only the
+  scenarios named).
 - ``save``: the adapter trains 5 steps under FSDP2 (``fully_shard``) and under DDP-style
   ownership (``process_group=``), and saves each with ``torch.distributed.checkpoint``.
 - ``resume FROM_W``: loads the checkpoints saved by FROM_W ranks and trains 5 more steps;
@@ -117,31 +118,36 @@ def local_oracle(config, rank: int, world: int) -> dict[str, torch.Tensor]:
     return params
 
 
-def equal_task(rank: int, world: int, out: str) -> None:
+def equal_task(rank: int, world: int, out: str, *only: str) -> None:
+    """Every scenario of ``equal``, or just those named in ``only``."""
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (world,))
     results = {}
     for name, config in SCENARIOS.items():
+        if only and name not in only:
+            continue
         params, state = run_functional(config, mesh)
         results[name] = {k: v.to_local() for k, v in params.items()}
         results[name + "_moved"] = state["shard"].exchanges
-    params, state = run_functional(SCENARIOS["eigh"], mesh, faults={5: nan_in_last_rows})
-    results["skips"] = {k: v.to_local() for k, v in params.items()}
-    results["skips_count"] = int(state["skipped"])
-    local = SCENARIOS["eigh"].replace(fsdp_blocks="local")
-    results["local"] = {k: v.to_local() for k, v in run_functional(local, mesh)[0].items()}
-    results["local_oracle"] = local_oracle(local, rank, world)
-    torch._dynamo.config.recompile_limit = 64
-    compiled = run_functional(SCENARIOS["eigh"], mesh, compile_backend="aot_eager")[0]
-    results["compiled"] = {k: v.to_local() for k, v in compiled.items()}
-    net, _, mesh = sharded_training("fsdp", world)
-    opt = dash_fn.DASH(net.parameters(), compile={"backend": "aot_eager"}, **ADAPTER)
-    for t in range(1, STEPS + 1):
-        set_grads(net, t, mesh)
-        opt.step()
-    results["compiled_adapter"] = [p.full_tensor() for p in net.parameters()]
-    results["syncs"] = count_syncs(mesh, world)
+    if not only or "compiled" in only:
+        torch._dynamo.config.recompile_limit = 64
+        compiled = run_functional(SCENARIOS["eigh"], mesh, compile_backend="aot_eager")[0]
+        results["compiled"] = {k: v.to_local() for k, v in compiled.items()}
+    if not only:
+        params, state = run_functional(SCENARIOS["eigh"], mesh, faults={5: nan_in_last_rows})
+        results["skips"] = {k: v.to_local() for k, v in params.items()}
+        results["skips_count"] = int(state["skipped"])
+        local = SCENARIOS["eigh"].replace(fsdp_blocks="local")
+        results["local"] = {k: v.to_local() for k, v in run_functional(local, mesh)[0].items()}
+        results["local_oracle"] = local_oracle(local, rank, world)
+        net, _, mesh = sharded_training("fsdp", world)
+        opt = dash_fn.DASH(net.parameters(), compile={"backend": "aot_eager"}, **ADAPTER)
+        for t in range(1, STEPS + 1):
+            set_grads(net, t, mesh)
+            opt.step()
+        results["compiled_adapter"] = [p.full_tensor() for p in net.parameters()]
+        results["syncs"] = count_syncs(mesh, world)
     torch.save(results, os.path.join(out, f"rank{rank}.pt"))
 
 
@@ -318,7 +324,7 @@ def main(rank: int, world: int, init_file: str, out: str, task: str, *args: str)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     if task == "equal":
-        equal_task(rank, world, out)
+        equal_task(rank, world, out, *args)
     elif task == "save":
         save_task(world, out)
     elif task == "resume":

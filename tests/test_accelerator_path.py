@@ -16,8 +16,7 @@ from conftest import mixed_params, random_grads
 from dash_fn.strategy import simulated_accelerator
 from syncs import SyncCounter, inspecting_backend
 
-pytestmark = pytest.mark.compat  # also on the oldest and newest supported torch (README, Tests)
-
+# tests marked compat run on the oldest and newest supported torch too (README, Tests)
 MATMUL_SOLVERS = ["ndb", "cn", "chebyshev"]
 PARAMS = {"blocks": None, "vectors-only": {"b": (10,), "c": (3,), "s": ()}}
 SMALL = {"w": (48, 30), "b": (30,)}  # two block sizes: keeps the compile time of each solver's unrolled refresh short
@@ -25,7 +24,7 @@ SMALL = {"w": (48, 30), "b": (30,)}  # two block sizes: keeps the compile time o
 
 def config_for(solver: str, schedule: str = "periodic") -> dash_fn.DashConfig:
     # momentum and the non-finite guard (on by default) on; Chebyshev at a low degree (compile
-    # time); the periodic schedule unless asked (auto, the default, is staggered here)
+    # time); the periodic schedule unless asked
     return dash_fn.DashConfig(
         block_size=24, solver=solver, inv_root_freq=2, mu=0.5, cheb_degree=8, refresh_schedule=schedule
     )
@@ -41,6 +40,7 @@ def _accelerator():
         yield
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("schedule", ["periodic", "staggered"])
 @pytest.mark.parametrize("kind", PARAMS)
 @pytest.mark.parametrize("solver", MATMUL_SOLVERS)
@@ -62,6 +62,7 @@ def test_functional_eager_steps_do_not_sync(solver, kind, schedule):
     assert int(state["step"]) == 6
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("solver", MATMUL_SOLVERS)
 def test_adapter_eager_steps_do_not_sync(solver):
     model = torch.nn.Sequential(torch.nn.Linear(20, 30), torch.nn.Tanh(), torch.nn.Linear(30, 5))
@@ -80,6 +81,7 @@ def test_adapter_eager_steps_do_not_sync(solver):
     assert counter.syncs == []
 
 
+@pytest.mark.compat
 def test_the_counter_sees_the_cpu_strategy_read():
     """The same step under the CPU strategy reads its flags on the host: the counter sees it."""
     config, params = config_for("ndb"), mixed_params()
@@ -88,6 +90,7 @@ def test_the_counter_sees_the_cpu_strategy_read():
     assert counter.syncs
 
 
+@pytest.mark.compat
 def test_eigh_syncs_once_per_solver_call_only_in_its_error_check():
     """eigh's one sync is ``torch.linalg.eigh``'s error check (inside ``_linalg_eigh``), one per
     call (here one per factor stack); its refresh steps are not sync-free, its plain steps are."""
@@ -102,6 +105,7 @@ def test_eigh_syncs_once_per_solver_call_only_in_its_error_check():
     assert counter.syncs == []
 
 
+@pytest.mark.compat
 def test_auto_picks_ndb_and_eigh_is_refused_under_cuda_graphs():
     assert "start_vectors" in dash_fn.init(mixed_params(), dash_fn.DashConfig()).keys()  # auto: NDB, power iteration
     model = torch.nn.Linear(8, 4)
@@ -111,6 +115,7 @@ def test_auto_picks_ndb_and_eigh_is_refused_under_cuda_graphs():
         opt.step()
 
 
+@pytest.mark.compat
 def test_refresh_none_says_what_to_pass():
     params = mixed_params()
     with pytest.raises(ValueError, match=r"refresh=dash_fn.is_refresh_step\(config, t\)"):
@@ -125,9 +130,9 @@ def check_graphs(graphs: list, expected: int) -> None:
 
 
 @pytest.mark.parametrize("schedule, expected", [("periodic", 2), ("staggered", 1)])
-@pytest.mark.parametrize("solver", MATMUL_SOLVERS)
+@pytest.mark.parametrize("solver", [pytest.param("ndb", marks=pytest.mark.compat), "cn", "chebyshev"])
 def test_compiled_step_graphs_hold_no_sync_and_pass_the_cuda_graph_checks(solver, schedule, expected):
-    """Every graph of the compiled functional step (periodic: two; auto, staggered here: one):
+    """Every graph of the compiled functional step (periodic: two; staggered: one):
     no cond, item or nonzero node, and none of Inductor's reasons to skip CUDA graphs (the
     state's tensors it mutates are static)."""
     config, params, graphs = config_for(solver, schedule), mixed_params(shapes=SMALL), []
@@ -140,6 +145,7 @@ def test_compiled_step_graphs_hold_no_sync_and_pass_the_cuda_graph_checks(solver
     check_graphs(graphs, expected)
 
 
+@pytest.mark.compat
 def test_a_loaded_state_is_static_too(tmp_path):
     """States from load_state (and load_state_dict, which builds them alike) come marked."""
     config, params, graphs = config_for("ndb"), mixed_params(shapes=SMALL), []
@@ -152,6 +158,7 @@ def test_a_loaded_state_is_static_too(tmp_path):
     check_graphs(graphs, 1)
 
 
+@pytest.mark.compat
 def test_compiled_adapter_graphs_pass_the_cuda_graph_checks():
     """DASH(compile=...): parameters and state mutated in place are static addresses."""
     graphs = []

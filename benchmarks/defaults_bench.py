@@ -42,6 +42,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 
 import dash_fn  # noqa: E402
 from dash_fn.roots import resolve_solver  # noqa: E402
+from dash_fn.strategy import for_device  # noqa: E402
 from llama import Llama, LlamaConfig, next_byte_loss  # noqa: E402
 from machine import machine_line  # noqa: E402
 
@@ -89,7 +90,7 @@ def describe(kwargs: dict | None, device: torch.device) -> tuple[str, str, str]:
     if kwargs is None:
         return "-", "-", "-"
     config = dash_fn.DashConfig(**kwargs)
-    solver = resolve_solver(config, device)
+    solver = resolve_solver(config, for_device(device))
     return (
         (f"auto ({solver})" if config.solver == "auto" else solver),
         str(config.block_size),

@@ -13,7 +13,7 @@ are then refreshed, timed three ways in turn per repetition (round-robin, median
   timing a loop of ``torch.linalg.eigh`` over its blocks one at a time: the slowest worker's
   time. Separate processes share nothing but the memory bus, so this is what the hardware
   gives for these LAPACK calls; it excludes the roots' reconstruction ``Q diag Q^T``.
-- **solver**: ``dash_fn.cpu.eigh_root`` on each stack (eigh and the root's
+- **solver**: ``dash_fn.roots.eigh_cpu.eigh_root`` on each stack (eigh and the root's
   reconstruction, the stack split over threads).
 - **refresh**: ``dash_fn.roots.refresh_roots`` on each stack, as a step runs it (padding
   check, eigh, the root's reconstruction, the fallback mask).
@@ -33,8 +33,8 @@ import time
 import torch
 
 import dash_fn
-from dash_fn.cpu import eigh_root
 from dash_fn.roots import refresh_roots
+from dash_fn.roots.eigh_cpu import eigh_root
 
 sys.path.insert(0, os.path.dirname(__file__))
 from machine import machine_line  # noqa: E402

@@ -42,6 +42,7 @@ from .distributed import process_group_info
 from .inputs import flatten
 from .roots import resolve_solver
 from .state import CONSTANTS, constants, make_state, mark_static
+from .strategy import for_device
 
 FORMAT = "dash_fn.state"
 VERSION = 2
@@ -345,7 +346,7 @@ def _template(
 
     ``auto`` is resolved for the target device first, as it decides whether start vectors exist.
     """
-    layout_config = config.replace(solver=resolve_solver(config, device))
+    layout_config = config.replace(solver=resolve_solver(config, for_device(device)))
     return make_state(list(params), layout_config, torch.device("meta"), *placement, batch_dims=batch_dims)
 
 

@@ -15,8 +15,8 @@ float, -0.0 included, bitwise unchanged), and the new parameters are selected wi
 instead and saves those passes. Either way, with all inputs finite the arithmetic is the
 unguarded one, bit for bit. Eager on the CPU the factor EMAs of aligned blocks run inside
 their products, so ``ok`` first comes from a bound on the blocks
-(:func:`dash_fn.cpu.products_bounded`), and only a step that fails it forms and checks the
-products.
+(:func:`dash_fn.forms.products_bounded`), and only a step that fails it forms and checks the
+products. Which of these forms a call takes is decided once, at its top (:mod:`dash_fn.forms`).
 
 A step that the caller marks as a refresh step (``refresh=True``) still refreshes the roots
 when it is skipped, from the factors it left unchanged: so a refresh schedule counted on the
@@ -26,6 +26,7 @@ host (calls, skipped or not) loses no refresh to a skip and needs no read of ``o
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -47,20 +48,41 @@ def all_finite(vectors: Sequence[torch.Tensor], products: Sequence[torch.Tensor]
     return torch.stack(checks).all()
 
 
-def gate(ok: torch.Tensor | None, factor: float, dtype: torch.dtype):
-    """A decay factor that is 1 when the step is skipped (``factor`` itself when unguarded)."""
-    if ok is None:
-        return factor
-    return torch.where(
-        ok, torch.full((), factor, dtype=dtype, device=ok.device), torch.ones((), dtype=dtype, device=ok.device)
-    )
+@dataclass(frozen=True)
+class Guard:
+    """Whether a step counts, applied at the points the algorithm names: decays (:meth:`decay`),
+    added terms (:meth:`masked`), results (:meth:`choose`).
 
+    ``ok`` is a 0-d bool on the device, or None where the plain arithmetic runs (every input
+    known to be finite, or the guard off), for which every method is the identity.
+    ``skipped``: the step is known on the host to be skipped (eager on the CPU), so the caller
+    changes nothing instead of masking."""
 
-def masked(ok: torch.Tensor | None, x: torch.Tensor, identity: float) -> torch.Tensor:
-    """``x``, or ``identity`` everywhere when the step is skipped."""
-    return x if ok is None else torch.where(ok, x, torch.full((), identity, dtype=x.dtype, device=x.device))
+    ok: torch.Tensor | None = None
+    skipped: bool = False
 
+    def decay(self, factor: float, dtype: torch.dtype):
+        """A decay factor that is 1 when the step is skipped."""
+        if self.ok is None:
+            return factor
+        one = torch.ones((), dtype=dtype, device=self.ok.device)
+        return torch.where(self.ok, torch.full((), factor, dtype=dtype, device=self.ok.device), one)
 
-def choose(ok: torch.Tensor | None, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
-    """``new`` when the step counts, else ``old``."""
-    return new if ok is None else torch.where(ok, new, old)
+    def masked(self, x: torch.Tensor, identity: float) -> torch.Tensor:
+        """``x``, or ``identity`` everywhere when the step is skipped."""
+        if self.ok is None:
+            return x
+        return torch.where(self.ok, x, torch.full((), identity, dtype=x.dtype, device=x.device))
+
+    def choose(self, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+        """``new`` when the step counts, else ``old``."""
+        return new if self.ok is None else torch.where(self.ok, new, old)
+
+    def count_skip(self, skipped: torch.Tensor) -> None:
+        """Add 1 to the ``skipped`` counter when the step is skipped (on the device)."""
+        if self.ok is not None:
+            skipped.add_(~self.ok)
+
+    def flags(self, due: torch.Tensor) -> torch.Tensor:
+        """``due`` where the step counts, else False."""
+        return due if self.ok is None else due & self.ok

@@ -388,7 +388,8 @@ def _check_cuda_graph_solver(options, config: DashConfig, device: torch.device, 
     cuda_graphs = options.get("mode") in ("reduce-overhead", "max-autotune") or (options.get("options") or {}).get(
         "triton.cudagraphs"
     )
-    if cuda_graphs and not for_device(device).cpu_ops and resolve_solver(config, device) == "eigh":
+    strategy = for_device(device)
+    if cuda_graphs and not strategy.cpu_ops and resolve_solver(config, strategy) == "eigh":
         raise ValueError(
             f"{where}: solver='eigh' cannot run under CUDA graphs (compile mode {options.get('mode')!r}): "
             "torch.linalg.eigh reads its error flags on the host once per call; "

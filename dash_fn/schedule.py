@@ -49,8 +49,14 @@ def is_refresh_step(config: DashConfig, t: int) -> bool | None:
     """
     if config.refresh_schedule == "staggered":
         return None
+    return bool(periodic_due(t, config))
+
+
+def periodic_due(t, config: DashConfig):
+    """Whether the periodic schedule refreshes at step ``t`` (an int, or a tensor on the device):
+    at s = start_prec_step and at every multiple of inv_root_freq after it."""
     s = config.start_prec_step
-    return t == s or (t > s and t % config.inv_root_freq == 0)
+    return (t == s) | ((t > s) & (t % config.inv_root_freq == 0))
 
 
 def staggers(config: DashConfig) -> bool:

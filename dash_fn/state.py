@@ -18,6 +18,7 @@ from .plan import Plan, make_plan
 from .roots import resolve_solver, start_vectors, uses_start_vectors
 from .schedule import SCHEDULE_KEY, stagger_tables, staggers
 from .storage import stored_dtype
+from .strategy import for_device
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
@@ -209,7 +210,7 @@ def constants(plan: Plan, shard, config: DashConfig, device: torch.device) -> di
     tables. Made by ``init`` and again on every load, for the target's config and device."""
     local = shard.local
     found = {}
-    if uses_start_vectors(config, resolve_solver(config, device)):
+    if uses_start_vectors(config, resolve_solver(config, for_device(device))):
         sizes = sorted({stack.size for stack in local.factors})
         found["start_vectors"] = {str(b): start_vectors(b, config, local.dtype, device) for b in sizes}
     if staggers(config):
@@ -238,7 +239,7 @@ def _warn_about_precision(config: DashConfig, device: torch.device) -> None:
     multiplies in float32: 16-bit numerics at float32 speed. That is allowed (it reproduces GPU
     numerics), but never what someone choosing 16 bits for speed wants, hence the warning.
     """
-    solver = resolve_solver(config, device)
+    solver = resolve_solver(config, for_device(device))
     if solver == "eigh" or config.matmul_dtype == "float32":
         return
     if solver == "ndb":

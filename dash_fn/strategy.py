@@ -5,8 +5,8 @@ Three strategies, from the device, whether the call is being traced, and an over
 - ``CPU`` (eager on the CPU): reading a device value on the host costs nothing there, so the
   step may branch on its data (skip a non-finite step early, take the direct block norm, read
   the refresh schedule, skip the fallback's selection when every root is finite) and uses the
-  CPU-only forms of :mod:`dash_fn.cpu` (torch's fused Adam kernel, factor EMAs inside their
-  products, the threaded eigh op).
+  CPU's own kernels (torch's fused Adam kernel, factor EMAs inside their products:
+  :mod:`dash_fn.forms`; the threaded eigh op: :mod:`dash_fn.roots.eigh_cpu`).
 - ``CPU_COMPILED`` (traced on the CPU): no host reads (a read would break the graph), the
   device forms everywhere, and the eigh refresh as one opaque op that runs the eager CPU form.
 - ``ACCELERATOR`` (on CUDA or any other accelerator, eager or traced): no host reads at all,
@@ -33,11 +33,22 @@ SIMULATE_ENV = "DASH_FN_SIMULATE_ACCELERATOR"
 @dataclasses.dataclass(frozen=True)
 class Strategy:
     """What a call may do: ``host_reads``, read device values on the host and branch on them
-    (free on the CPU, a sync elsewhere); ``cpu_ops``, use the CPU-only ops of :mod:`dash_fn.cpu`."""
+    (free on the CPU, a sync elsewhere); ``cpu_ops``, use the CPU-only ops
+    (:mod:`dash_fn.roots.eigh_cpu`)."""
 
     name: str
     host_reads: bool
     cpu_ops: bool
+
+    def holds(self, flags: torch.Tensor) -> bool:
+        """Whether every flag is known, without a sync, to hold: read on the host where that is
+        free, else never known (the caller then takes the form that is right for any flags)."""
+        return self.host_reads and bool(flags.all())
+
+    def select(self, flags: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+        """``torch.where(flags, new, old)``; ``new`` itself where every flag is known to hold
+        (the same bits, one pass fewer)."""
+        return new if self.holds(flags) else torch.where(flags, new, old)
 
 
 CPU = Strategy("cpu", host_reads=True, cpu_ops=True)

@@ -86,11 +86,11 @@ def test_block_norm_neither_overflows_nor_underflows(compiled):
     not, eager (direct norms where they are safe, the rest scaled) or compiled (all scaled),
     in a stack that mixes such blocks with ordinary, zero and barely-out-of-range ones; and a
     part of the stack gets the bits of the whole (a rank holding some of the blocks)."""
-    from dash_fn.step import _block_norm
+    from dash_fn.forms import forms_for
     from dash_fn.strategy import for_device
 
     def block_norm(X):
-        return _block_norm(for_device(X.device), X)
+        return forms_for(for_device(X.device)).block_norm(X)
 
     values = (1e20, 1e-30, 0.0, 1.0, 1e-15, 3e17)
     X = torch.stack([v * torch.randn(256, 256) for v in values])

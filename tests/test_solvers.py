@@ -22,13 +22,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import dash_fn
 from conftest import mixed_params, random_grads
 from dash_fn import DashConfig, start_vectors
-from dash_fn import cpu as cpu_module
-from dash_fn.roots import SOLVERS, inverse_root, refresh_roots, resolve_solver
+from dash_fn.roots import SOLVERS, eigh_cpu, inverse_root, refresh_roots, resolve_solver
 from dash_fn.roots.chebyshev import clenshaw, fit_coefficients
 from dash_fn.roots.cn import coupled_newton
 from dash_fn.roots.eigh import eigh_inverse_root
 from dash_fn.roots.identity import identity_matrix
 from dash_fn.roots.ndb import denman_beavers, ndb_root
+from dash_fn.strategy import for_device
 
 f64, f32 = torch.float64, torch.float32
 DTYPES = pytest.mark.parametrize("dtype", [f64, f32], ids=["f64", "f32"])
@@ -498,8 +498,8 @@ def test_16_bit_products_on_cpu_warn_at_init(matmul_dtype):
 
 def test_auto_picks_eigh_on_cpu_and_ndb_on_cuda():
     config = DashConfig(solver="auto")
-    assert resolve_solver(config, torch.device("cpu")) == "eigh"
-    assert resolve_solver(config, torch.device("cuda")) == "ndb"
+    assert resolve_solver(config, for_device(torch.device("cpu"))) == "eigh"
+    assert resolve_solver(config, for_device(torch.device("cuda"))) == "ndb"
     X = spd_stack(2, 8, 10.0, f32)
     assert torch.equal(inverse_root(X, 4, config), inverse_root(X, 4, DashConfig(solver="eigh")))
 
@@ -623,7 +623,7 @@ def test_a_block_gets_the_same_bits_at_any_position_and_thread_count(solver, b, 
     torch.set_num_threads(2)
     try:
         assert torch.equal(inverse_root(X, 4, config), whole)
-        monkeypatch.setattr(cpu_module, "CPU_CHUNK_ELEMENTS", 3 * b * b)  # chunks of 3 blocks
+        monkeypatch.setattr(eigh_cpu, "CPU_CHUNK_ELEMENTS", 3 * b * b)  # chunks of 3 blocks
         assert torch.equal(inverse_root(X, 4, config), whole)
     finally:
         torch.set_num_threads(threads)

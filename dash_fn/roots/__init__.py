@@ -6,7 +6,7 @@ The matmul solvers (ndb, cn, chebyshev) have no host syncs and no data-dependent
 branches, so they trace under ``torch.compile(fullgraph=True)`` and CUDA graphs capture them.
 eigh traces too, but ``torch.linalg.eigh`` reads its error flags on the host once per call
 (LAPACK's or cuSOLVER's ``info``): a sync on a GPU, which CUDA graphs cannot capture; the CPU
-strategies run it as an op of their own (:mod:`dash_fn.cpu`).
+strategies run it as an op of their own (:mod:`dash_fn.roots.eigh_cpu`).
 """
 
 from __future__ import annotations
@@ -15,37 +15,41 @@ from collections.abc import Callable
 
 import torch
 
-from .. import cpu
 from ..config import DashConfig
-from ..strategy import Strategy, for_device
+from ..strategy import CPU, Strategy, for_device
 from .chebyshev import chebyshev_inverse_root
 from .cn import cn_inverse_root
 from .eigh import eigh_inverse_root
+from .eigh_cpu import eigh_root
 from .identity import identity_matrix
 from .masking import finite_blocks
 from .ndb import ndb_inverse_root
 
-# solver name -> fn(X, p, config, start_vectors) -> X^{-1/p}
+# solver name -> fn(X, p, config, start_vectors) -> X^{-1/p}, the device forms
 Solver = Callable[[torch.Tensor, int, DashConfig, "torch.Tensor | None"], torch.Tensor]
 SOLVERS: dict[str, Solver] = {
-    "eigh": lambda X, p, config, V0: (
-        cpu.eigh_root(X, p, config.eps, config.eigh_heuristic)
-        if for_device(X.device).cpu_ops
-        else eigh_inverse_root(X, p, eps=config.eps, heuristic=config.eigh_heuristic)
-    ),
+    "eigh": lambda X, p, config, V0: eigh_inverse_root(X, p, eps=config.eps, heuristic=config.eigh_heuristic),
     "cn": cn_inverse_root,
     "ndb": ndb_inverse_root,
     "chebyshev": chebyshev_inverse_root,
 }
 
 
-def resolve_solver(config: DashConfig, device: torch.device) -> str:
-    """The solver a config runs on a device: ``auto`` picks eigh under the CPU strategies (where
-    LAPACK beats the matmul iterations) and NDB under the accelerator strategy (eigh syncs
-    there once per call, cuSOLVER's error check, and so cannot be captured by CUDA graphs)."""
+def resolve_solver(config: DashConfig, strategy: Strategy) -> str:
+    """The solver a config runs under a strategy: ``auto`` picks eigh where the CPU's ops serve
+    (LAPACK beats the matmul iterations there) and NDB under the accelerator strategy (eigh
+    syncs there once per call, cuSOLVER's error check, and so cannot be captured by CUDA graphs)."""
     if config.solver != "auto":
         return config.solver
-    return "eigh" if for_device(device).cpu_ops else "ndb"
+    return "eigh" if strategy.cpu_ops else "ndb"
+
+
+def solve(solver: str, X: torch.Tensor, p: int, config: DashConfig, start, strategy: Strategy) -> torch.Tensor:
+    """``X^{-1/p}`` of a stack by the named solver, in the strategy's form (eigh: the CPU's
+    threaded op where its ops serve, :mod:`dash_fn.roots.eigh_cpu`)."""
+    if solver == "eigh" and strategy.cpu_ops:
+        return eigh_root(X, p, config.eps, config.eigh_heuristic)
+    return SOLVERS[solver](X, p, config, start)
 
 
 def uses_start_vectors(config: DashConfig, solver: str) -> bool:
@@ -82,10 +86,11 @@ def inverse_root(
         raise ValueError(f"inverse_root expects a (K, b, b) stack, got shape {tuple(stack.shape)}")
     if not isinstance(p, int) or p < 1:
         raise ValueError(f"inverse_root: p must be a positive integer, got {p!r}")
-    solver = resolve_solver(config, stack.device)
+    strategy = for_device(stack.device)
+    solver = resolve_solver(config, strategy)
     if start is None and uses_start_vectors(config, solver):
         start = start_vectors(stack.shape[-1], config, stack.dtype, stack.device)
-    return SOLVERS[solver](stack, p, config, start)
+    return solve(solver, stack, p, config, start, strategy)
 
 
 # Temporaries a solver holds at its peak, in blocks per block solved (with its output block),
@@ -126,16 +131,19 @@ def refresh_roots(
     no substitution stack, and the eigh op works a few blocks at a time in its threads, so the
     refresh holds its output and at most the fallback's selection (and saves the copy).
     Traced on the CPU, eigh runs this eager refresh inside one opaque op
-    (:func:`dash_fn.cpu.compiled_eigh_refresh`).
+    (:func:`_traced_cpu_eigh_refresh`).
     """
     strategy = strategy or for_device(factors.device)
-    solver = resolve_solver(config, factors.device)
+    solver = resolve_solver(config, strategy)
     if solver == "eigh" and strategy.cpu_ops and not strategy.host_reads:
-        return cpu.compiled_eigh_refresh(factors, roots, p, config)
+        # eps as a tensor: a compiled step that met another eps before gets it as a symbolic
+        # float, which the op's float argument cannot take
+        eps = torch.full((), config.eps, dtype=torch.float64)
+        return _traced_cpu_eigh_refresh(factors, roots, p, eps, config.eigh_heuristic)
     count, size = factors.shape[0], factors.shape[-1]
     chunk = chunk_blocks(count, size * size * factors.element_size(), solver)
     finite_factor = finite_blocks(factors)
-    if chunk >= count or (solver == "eigh" and strategy.host_reads and cpu.all_true(finite_factor)):
+    if chunk >= count or (solver == "eigh" and strategy.holds(finite_factor)):
         return _refresh_chunk(factors, roots, finite_factor, p, config, start, solver, strategy)
     out = torch.empty_like(roots)
     fell_back = []
@@ -161,13 +169,28 @@ def _refresh_chunk(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One chunk's roots: non-finite factors solved as I, failed blocks keeping their old root
     (with host reads, the substitution and selection passes only where a flag is false)."""
-    if strategy.host_reads and cpu.all_true(finite_factor):
-        safe = factors
-    else:
-        identity = identity_matrix(factors.shape[-1], factors.dtype, factors.device)
-        safe = torch.where(finite_factor[:, None, None], factors, identity)
-    new = SOLVERS[solver](safe, p, config, start)
+    identity = identity_matrix(factors.shape[-1], factors.dtype, factors.device)
+    safe = strategy.select(finite_factor[:, None, None], factors, identity)
+    new = solve(solver, safe, p, config, start, strategy)
     ok = finite_factor & finite_blocks(new)
-    if strategy.host_reads and cpu.all_true(ok):
-        return new.contiguous(), ~ok
-    return torch.where(ok[:, None, None], new, roots).contiguous(), ~ok
+    return strategy.select(ok[:, None, None], new, roots).contiguous(), ~ok
+
+
+@torch.library.custom_op("dash_fn::cpu_eigh_refresh", mutates_args=())
+def _traced_cpu_eigh_refresh(
+    factors: torch.Tensor, roots: torch.Tensor, p: int, eps: torch.Tensor, heuristic: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`refresh_roots` with eigh, traced on the CPU: the eager refresh inside one op
+    opaque to torch.compile, so that it reads the finiteness flags on the host (free on the
+    CPU) and, with every factor finite, solves the whole stack at once with no substitution,
+    selection or chunking, where a graph must run the masked form. Same bits: each block's
+    root does not depend on them."""
+    config = DashConfig(solver="eigh", eps=eps.item(), eigh_heuristic=heuristic)
+    return refresh_roots(factors, roots, p, config, None, CPU)
+
+
+@_traced_cpu_eigh_refresh.register_fake
+def _(
+    factors: torch.Tensor, roots: torch.Tensor, p: int, eps: torch.Tensor, heuristic: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(roots), factors.new_empty(factors.shape[:1], dtype=torch.bool)

@@ -169,8 +169,10 @@ def _refresh_chunk(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One chunk's roots: non-finite factors solved as I, failed blocks keeping their old root
     (with host reads, the substitution and selection passes only where a flag is false)."""
-    identity = identity_matrix(factors.shape[-1], factors.dtype, factors.device)
-    safe = strategy.select(finite_factor[:, None, None], factors, identity)
+    safe = factors
+    if not strategy.holds(finite_factor):  # (no identity block made when every factor is finite)
+        identity = identity_matrix(factors.shape[-1], factors.dtype, factors.device)
+        safe = torch.where(finite_factor[:, None, None], factors, identity)
     new = solve(solver, safe, p, config, start, strategy)
     ok = finite_factor & finite_blocks(new)
     return strategy.select(ok[:, None, None], new, roots).contiguous(), ~ok

@@ -520,11 +520,11 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--retain-freed-memory",
         action="store_true",
-        help="call dash_fn.retain_freed_cpu_memory() first: the process (every row alike) reuses freed memory instead "
-        "of faulting it in again",
+        help="call dash_fn.utils.retain_freed_cpu_memory() first: the process (every row alike) reuses freed "
+        "memory instead of faulting it in again",
     )
     args = parser.parse_args(argv)
-    if args.retain_freed_memory and not dash_fn.retain_freed_cpu_memory():
+    if args.retain_freed_memory and not dash_fn.utils.retain_freed_cpu_memory():
         parser.error("--retain-freed-memory: the C library is not glibc")
     if args.quick:
         args.d_model, args.block_size, args.reps = 64, 32, 2
@@ -540,7 +540,7 @@ def main(argv=None) -> None:
         f"preconditioning from step {args.start}, {args.reps} round-robin reps, medians"
     )
     allocator = (
-        "dash_fn.retain_freed_cpu_memory() (freed memory kept for reuse)"
+        "dash_fn.utils.retain_freed_cpu_memory() (freed memory kept for reuse)"
         if args.retain_freed_memory
         else "glibc defaults (freed memory may go back to the OS)"
     )

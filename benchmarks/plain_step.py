@@ -123,10 +123,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument(
         "--retain-freed-memory",
         action="store_true",
-        help="call dash_fn.retain_freed_cpu_memory() first (glibc keeps freed memory: no page faults)",
+        help="call dash_fn.utils.retain_freed_cpu_memory() first (glibc keeps freed memory: no page faults)",
     )
     args = parser.parse_args(argv)
-    if args.retain_freed_memory and not dash_fn.retain_freed_cpu_memory():
+    if args.retain_freed_memory and not dash_fn.utils.retain_freed_cpu_memory():
         raise SystemExit("--retain-freed-memory: the C library is not glibc")
     if args.quick:
         args.d_model, args.block_size, args.reps, args.window = 64, 32, 3, 2
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, load {load:.2f} at start; "
         f"medians of {args.reps} round-robin "
         f"repetitions of {args.window} consecutive calls; "
-        f"{'dash_fn.retain_freed_cpu_memory()' if args.retain_freed_memory else 'default glibc malloc settings'}\n"
+        f"{'dash_fn.utils.retain_freed_cpu_memory()' if args.retain_freed_memory else 'default glibc malloc'}\n"
     )
     print("| what | ms | x products | page faults per call |")
     print("|---|---|---|---|")

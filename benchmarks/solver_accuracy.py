@@ -118,7 +118,7 @@ def timed(fn, repeats: int, device: torch.device) -> float:
 def measure(X: torch.Tensor, label: str, fields: dict, repeats: int, device: torch.device) -> dict:
     config = dash_fn.DashConfig(**fields)
     X = X.to(device)
-    start = dash_fn.start_vectors(X.shape[-1], config, device=device)
+    start = dash_fn.utils.start_vectors(X.shape[-1], config, device=device)
     out = dash_fn.inverse_root(X, 4, config, start)
     seconds = timed(lambda: dash_fn.inverse_root(X, 4, config, start), repeats, device)
     ok = torch.isfinite(out).all(dim=(-2, -1)).cpu()

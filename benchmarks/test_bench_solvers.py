@@ -89,7 +89,7 @@ def test_inverse_root(benchmark, name, b):
     config = dash_fn.DashConfig(**SOLVERS[name])
     K = benchmark_count(b)
     X = wishart_stack(K, b)
-    start = dash_fn.start_vectors(b, config, device=DEVICE)
+    start = dash_fn.utils.start_vectors(b, config, device=DEVICE)
 
     def solve():
         out = dash_fn.inverse_root(X, 4, config, start)

@@ -2,15 +2,16 @@
 
 state = dash_fn.init(params, dash_fn.DashConfig(...))
 params, state = dash_fn.step(params, grads, state, lr=lr)
+
+What a user trains with is here; utilities around training are in :mod:`dash_fn.utils`.
 """
 
-from .checkpoint import atomic_save, load_state, save_state
+from . import utils
+from .checkpoint import load_state, save_state, state_from_dict, state_to_dict
 from .config import DashConfig
-from .cpu_memory import retain_freed_cpu_memory
-from .distributed.dcp import load_state_dict, state_dict
 from .optim import DASH
-from .roots import inverse_root, start_vectors
-from .state import init, mark_static
+from .roots import inverse_root
+from .state import init
 from .step import is_refresh_step, step
 
 __all__ = [
@@ -18,15 +19,12 @@ __all__ = [
     "init",
     "step",
     "is_refresh_step",
-    "inverse_root",
-    "start_vectors",
     "DASH",
     "save_state",
     "load_state",
-    "atomic_save",
-    "state_dict",
-    "load_state_dict",
-    "retain_freed_cpu_memory",
-    "mark_static",
+    "state_to_dict",
+    "state_from_dict",
+    "inverse_root",
+    "utils",
 ]
 __version__ = "0.1.0"

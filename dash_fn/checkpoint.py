@@ -1,38 +1,45 @@
-"""Checkpoints of the DASH state: a versioned dict of primitives and tensors, and files of it.
+"""The state's one saved form: per parameter name and global block coordinates, never per rank.
 
-The dict (format ``dash_fn.state``, version 2) holds nothing but strings, numbers, lists,
-dicts and tensors, so ``torch.load(weights_only=True)`` reads it::
+Every way out of a state and back uses it: :func:`state_to_dict` / :func:`state_from_dict`
+(the functional API, and ``torch.distributed.checkpoint``), the adapter's
+``DASH.state_dict()`` (one entry per parameter index, as ``torch.optim`` keeps it), and the
+files of :func:`save_state` / :func:`load_state`. A parameter's entry::
 
-    {"format": "dash_fn.state", "version": 2,
-     "config": {field: value, ...},                 # the DashConfig, as primitives
-     "params": [[name, [shape...], "float32"], ...], # in init order: the plan is rebuilt from it
-     "tensors": {"step": ..., "groups/0/A": ..., "factors/0/F": ..., "adamw/m": ...},
-     "shard": {"rank": r, "world_size": W},         # only for one rank's share (W > 1)
-     "checksum": int}                               # files only: CRC-32 of all the above
+    {"shape", "dtype", "batch_dims"             the whole parameter's, checked on load
+     "step", "skipped": int64 0-d,              the step counter and the skipped steps (equal for all)
+     "rows_<a>_<b>_cols_<c>_<d>": {             a block by the rows and columns it covers in
+         "A", "Gt", "M": (r, c)                 the parameter's 2-D view: grafting moment,
+         "L", "Lbar", "L_fallbacks": (r, r), ()     gradient EMA, momentum (when kept),
+         "R", "Rbar", "R_fallbacks": (c, c), ()},   factors, roots, failed refreshes
+     "m", "v": the parameter's shape}           AdamW moments of a vector
 
-The power-iteration start vectors and the staggered schedule's tables are not stored: they are
+DCP saves a state dict in which every key means the same thing on every rank: a plain tensor
+under a key is one global value (written once), a DTensor one global tensor in pieces. Only
+the blocks this rank holds appear in its entries, and every block is held by one rank, so a
+state saved by W ranks loads on W' ranks: each asks for the blocks it owns there. AdamW moments
+are plain tensors when parameters are whole (the same on every rank) and DTensors placed like
+the parameter under FSDP2. Under ``fsdp_blocks="local"`` blocks exist per shard: their keys
+start with ``shard_<first row>_`` and the state loads only at the world size that saved it.
+
+The power-iteration start vectors and the staggered schedule's tables are not saved: they are
 fixed data, pure functions of the config and the plan (:func:`dash_fn.state.constants`),
-regenerated on load for the target device (whose solver, under ``solver="auto"``, decides
-whether start vectors are needed).
+made again on load for the target device.
 
-Loading checks everything before it builds anything (format, version, checksum, config,
-parameters, and every tensor's key, shape and dtype against the layout ``init`` would make),
-so a bad file or a mismatch raises a ``ValueError`` naming the first problem and yields nothing.
-A distributed state is saved by each rank (one file each) and loads on the same rank of a
-group of the same size; to move between world sizes, use the DCP dict of
-:mod:`dash_fn.distributed.dcp`, which also serves FSDP2 states. Version 1 files (fallback
-counters per stack, not per factor) still load: a stack's count goes to its first factor.
-``torch.load`` does not verify its zip records' CRCs, hence the file checksum: without it a
-flipped byte in tensor data loads silently.
+A file of :func:`save_state` holds ``{"format": "dash_fn.state", "version": 3, "config":
+fields, "state": entries, "shard": {"rank", "world_size"} (W > 1), "checksum"}``: strings,
+numbers, lists, dicts and tensors only, so ``torch.load(weights_only=True)`` reads it.
+``torch.load`` does not verify its zip records' CRCs, hence the checksum (CRC-32 of every
+entry): without it a flipped byte in tensor data loads silently. Loading checks everything
+before it builds anything, so a bad file or a mismatch raises a ``ValueError`` naming the first
+problem and yields nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import torch
 from tensordict import TensorDict
@@ -40,106 +47,261 @@ from tensordict import TensorDict
 from .config import STORAGE_FIELDS, DashConfig
 from .distributed import process_group_info
 from .inputs import flatten
-from .roots import resolve_solver
-from .state import CONSTANTS, constants, make_state, mark_static
-from .strategy import for_device
+from .plan import ADAMW
+from .state import CONSTANTS, constants, init, mark_static
 
 FORMAT = "dash_fn.state"
-VERSION = 2
-READABLE = (1, 2)
-Placement = tuple[int, int, "str | None"]  # (rank, world size, process group name)
+VERSION = 3
 CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(DashConfig))
+GROUP_FIELDS = ("A", "Gt", "M")
 
-ParamSpec = tuple[str, tuple[int, ...], torch.dtype]
+
+# --- the entries ------------------------------------------------------------------------------
+
+
+def param_entries(state: TensorDict) -> dict[str, dict]:
+    """This rank's part of the state as one entry per parameter name (the module doc).
+
+    The tensors are views of the live state, as in ``torch.optim``'s ``state_dict``: DCP
+    saves them without a copy and loads into them in place; save them before the next step."""
+    _check_state(state, "param_entries")
+    plan, shard = state["plan"], state["shard"]
+    entries: dict[str, dict] = {
+        p.name: {
+            "shape": list(p.shape),
+            "dtype": _dtype_name(p.dtype),
+            "batch_dims": p.batch_dims,
+            "step": state["step"],
+            "skipped": state["skipped"],
+        }
+        for p in plan.params
+    }
+    for i, row, col, g, pos in shard.block_origins(plan):
+        entries[plan.params[i].name][_block_key(shard, i, row, col, g)] = _block_views(state, shard.local, g, pos)
+    for i, p in enumerate(shard.local.params):
+        if p.kind == ADAMW and "adamw" in state.keys():
+            for name in ("m", "v"):
+                local = state["adamw", name][p.flat_offset : p.flat_offset + p.numel].view(p.shape)
+                entries[p.name][shard.key_prefix(i) + name] = shard.global_moment(i, plan.params[i], local)
+    return entries
+
+
+def load_param_entries(
+    state: TensorDict, entries: Mapping, where: str = "state_from_dict", *, into: bool = False, exact: bool = False
+) -> TensorDict:
+    """A state laid out like ``state`` (this rank's blocks) holding the entries' values.
+
+    ``entries`` maps each parameter name to its entry, from any world size (exact blocks). Every
+    entry is checked first (a block or tensor missing, of another shape or dtype, step
+    counters that disagree raise ``ValueError`` naming it; with ``exact``, so does anything
+    this rank would not have saved). By default ``state`` is not modified and the new state
+    shares no memory with ``entries``; ``into=True`` writes into ``state`` itself (a fresh
+    ``init`` the caller owns) and returns it.
+    """
+    plan, shard, local = state["plan"], state["shard"], state["shard"].local
+    if not isinstance(entries, Mapping):
+        raise ValueError(f"{where}: expected a dict of per-parameter entries, got {type(entries).__name__}")
+    for p in plan.params:
+        _check_entry(entries.get(p.name), p.name, tuple(p.shape), p.dtype, p.batch_dims, where)
+    steps = {
+        p.name: _tensor(entries[p.name], "step", (), torch.int64, f"{where}: parameter {p.name!r}") for p in plan.params
+    }
+    first = plan.params[0].name
+    for name, t in steps.items():
+        if not torch.equal(t, steps[first]):
+            raise ValueError(
+                f"{where}: parameter {name!r} is at step {int(t)} but {first!r} at {int(steps[first])}; "
+                "one state steps them together"
+            )
+    new = state if into else state.exclude("config", "plan", "shard").clone()
+    copies = [(new["step"], steps[first])]  # (destination in the new state, source), all checked before any copy
+    copies.append(
+        (new["skipped"], _tensor(entries[first], "skipped", (), torch.int64, f"{where}: parameter {first!r}"))
+    )
+    for i, row, col, g, pos in shard.block_origins(plan):
+        name = plan.params[i].name
+        key = _block_key(shard, i, row, col, g)
+        block = entries[name].get(key)
+        if not isinstance(block, Mapping):
+            raise ValueError(
+                f"{where}: the checkpoint lacks block {key!r} of parameter {name!r} "
+                "(saved with another block_size or fsdp_blocks?)"
+            )
+        for field, view in _block_views(new, local, g, pos).items():
+            copies.append(
+                (view, _tensor(block, field, tuple(view.shape), view.dtype, f"{where}: parameter {name!r} {key}"))
+            )
+    for i, p in enumerate(local.params):
+        if p.kind == ADAMW and "adamw" in new.keys():
+            for field in ("m", "v"):
+                view = new["adamw", field][p.flat_offset : p.flat_offset + p.numel].view(p.shape)
+                key = shard.key_prefix(i) + field
+                source = shard.local_moment(i, plan.params[i], entries[p.name].get(key))
+                copies.append(
+                    (view, _tensor({key: source}, key, tuple(view.shape), view.dtype, f"{where}: parameter {p.name!r}"))
+                )
+    if exact:
+        _check_nothing_else(entries, param_entries(state), where)
+    for view, source in copies:
+        view.copy_(source)
+    if into:
+        return state
+    return mark_static(
+        new.set_non_tensor("config", state["config"]).set_non_tensor("plan", plan).set_non_tensor("shard", shard)
+    )
+
+
+# --- the functional API's dict (and DCP's) ---------------------------------------------------------
 
 
 def state_to_dict(state: TensorDict) -> dict:
-    """The state as a checkpoint dict (no checksum). Its tensors are the state's own, not
-    copies, as in ``torch.optim``'s ``state_dict``: save it before the next ``step``."""
-    if not isinstance(state, TensorDict) or "plan" not in state.keys():
-        raise TypeError("state_to_dict: state must be the TensorDict returned by dash_fn.init")
-    if state["shard"].kind != "replicated":
-        raise TypeError(
-            "state_to_dict: an FSDP2 state is saved with torch.distributed.checkpoint through dash_fn.state_dict"
-        )
-    stored = state.exclude("config", "plan", "shard", *CONSTANTS)
-    blob = {
-        "format": FORMAT,
-        "version": VERSION,
-        "config": dataclasses.asdict(state["config"]),
-        "params": [
-            [p.name, list(p.shape), _dtype_name(p.dtype)] + ([p.batch_dims] if p.batch_dims else [])
-            for p in state["plan"].params
-        ],
-        "tensors": {_join(key): x for key, x in stored.items(include_nested=True, leaves_only=True)},
-    }
+    """The state as ``{"config": fields, "state": entries}`` (the module doc), ready for
+    ``torch.distributed.checkpoint.save`` (every rank calls it). Its tensors are the live
+    state's: save it before the next ``step``. :func:`state_from_dict` is the way back, at
+    any world size."""
+    _check_state(state, "state_to_dict")
+    return {"config": dataclasses.asdict(state["config"]), "state": param_entries(state)}
+
+
+def state_from_dict(state: TensorDict, saved: Mapping) -> TensorDict:
+    """The state of a :func:`state_to_dict` dict, laid out like ``state`` (a fresh ``init`` on
+    this rank: its world size may differ from the one that saved). ``state`` is not modified.
+
+    Typical use: ``sd = dash_fn.state_to_dict(state); dcp.load(sd, checkpoint_id=path);
+    state = dash_fn.state_from_dict(state, sd)``. A saved config that differs from the
+    state's in any field raises ``ValueError`` naming the field, before anything is read.
+    """
+    _check_state(state, "state_from_dict")
+    if not isinstance(saved, Mapping) or "state" not in saved:
+        raise ValueError("state_from_dict: expected the dict of dash_fn.state_to_dict, with 'config' and 'state'")
+    _check_config(read_config(saved.get("config"), "state_from_dict"), state["config"], "state_from_dict")
+    return load_param_entries(state, saved["state"])
+
+
+# --- files -----------------------------------------------------------------------------------------
+
+
+def save_state(path, state: TensorDict) -> None:
+    """Write the state to ``path`` (a file name or a binary file object) with ``torch.save``.
+
+    The file holds the state's entries (the module doc) as CPU tensors, its config and a CRC-32
+    checksum. A named file is written to a temporary name beside it and then renamed, so a
+    crash mid-write never leaves a truncated checkpoint under ``path``. A rank's share of a
+    distributed state is one file per rank (each rank saves its own); under FSDP2, and to move
+    between world sizes, use :func:`state_to_dict` with ``torch.distributed.checkpoint``.
+    """
+    _check_state(state, "save_state")
     shard = state["shard"]
+    if shard.kind != "replicated":
+        raise TypeError(
+            "save_state: an FSDP2 state is saved with torch.distributed.checkpoint through dash_fn.state_to_dict"
+        )
+    entries = _map_tensors(param_entries(state), lambda x: x.detach().cpu())
+    blob: dict = {"format": FORMAT, "version": VERSION, "config": dataclasses.asdict(state["config"])}
+    blob["state"] = entries
     if shard.world_size > 1:
         blob["shard"] = {"rank": shard.rank, "world_size": shard.world_size}
-    return blob
+    blob["checksum"] = _checksum(blob)
+    atomic_save(blob, path)
 
 
-def read_config(blob, where: str = "checkpoint") -> DashConfig:
-    """The DashConfig of a checkpoint dict, after checking its format and version."""
-    _check_header(blob, where)
-    config = blob.get("config")
-    if not isinstance(config, Mapping):
-        raise ValueError(f"{where}: 'config' must be a dict, got {type(config).__name__}")
-    for name in config:
-        if name not in CONFIG_FIELDS:
-            raise ValueError(f"{where}: config has unknown field {name!r} (written by another dash_fn version?)")
-    # A field the writer did not know yet takes its default, the behaviour the writer had; but
-    # for the refresh schedule, periodic in every writer that had no such field,
-    # and thin blocks, two-sided in every writer before thin_ratio.
+def atomic_save(obj, path) -> None:
+    """``torch.save(obj, path)`` that a crash cannot leave half-written under ``path``.
+
+    The bytes go to a temporary file beside ``path``, are flushed to the disk, and the file is
+    then renamed over ``path`` (an atomic step on POSIX file systems): a process killed at any
+    moment leaves either the previous file or the new one. A killed writer may leave its
+    temporary ``<path>.tmp-<pid>`` behind, never a partial ``path``. Use it for the adapter's
+    checkpoints too: ``dash_fn.utils.atomic_save({"model": ..., "opt": opt.state_dict()}, path)``.
+    ``path`` may also be a binary file object, written as it is."""
+    if not isinstance(path, (str, os.PathLike)):
+        torch.save(obj, path)
+        return
+    temporary = f"{os.fspath(path)}.tmp-{os.getpid()}"
     try:
-        return DashConfig(**{"refresh_schedule": "periodic", "thin_ratio": math.inf, **config})
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"{where}: invalid config: {error}") from None
+        with open(temporary, "wb") as file:
+            torch.save(obj, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
 
 
-def state_from_dict(
-    blob,
-    *,
-    device: torch.device | str | None = None,
-    params: Sequence[ParamSpec] | None = None,
-    config: DashConfig | None = None,
-    copy: bool = True,
-    where: str = "checkpoint",
-    process_group=None,
-) -> TensorDict:
-    """Rebuild the state from a checkpoint dict, on ``device`` (default CPU).
+def load_state(path, *, params=None, config: DashConfig | None = None, device=None, process_group=None) -> TensorDict:
+    """Read a state written by :func:`save_state` (``torch.load(weights_only=True)``).
 
-    ``params`` (name, shape, dtype) and ``config``, when given, must match the checkpoint's
-    exactly (names in any order). ``copy=False`` may reuse the dict's tensors when they are
-    already on ``device``; by default the state shares no memory with ``blob``, whose tensors
-    may be another live state's (``step`` updates its state in place). A rank's share of a
-    distributed state needs ``process_group``, of the size and rank it was saved from.
+    A rank's share of a distributed state loads with ``process_group`` of the same size, on
+    the rank that saved it (each rank saves and loads its own file).
+
+    ``params`` (a Mapping[str, Tensor] or TensorDict, e.g. the model's parameters) and
+    ``config``, when given, must match the checkpoint: a different name, shape, dtype or config
+    field raises ``ValueError`` naming the first one. The state goes to ``device``, by default
+    the device of ``params``, else the CPU. A truncated or corrupted file, another format or
+    version raise ``ValueError`` too; nothing is returned then.
     """
-    return _state_from_dict(blob, device, params, config, copy, where, process_group_info(process_group))
-
-
-def _state_from_dict(blob, device, params, config, copy: bool, where: str, placement: Placement) -> TensorDict:
-    device = torch.device("cpu" if device is None else device)
-    _check_placement(blob, placement, where)
-    saved_config = read_config(blob, where)
-    saved_params, batch_dims = _read_params(blob.get("params"), where)
+    where = f"checkpoint {os.fspath(path)!r}" if isinstance(path, (str, os.PathLike)) else "checkpoint"
+    expected = None
     if params is not None:
-        _check_params(saved_params, params, where)
+        _, names, tensors = flatten(params, "params")
+        expected = {n: (tuple(x.shape), x.dtype) for n, x in zip(names, tensors)}
+        if device is None and tensors:
+            device = tensors[0].device
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch.load raises many types for a damaged file
+        raise ValueError(
+            f"{where} cannot be read; it is truncated, corrupted or not a torch.save file "
+            f"({type(error).__name__}: {error})"
+        ) from error
+    if not isinstance(blob, Mapping) or blob.get("format") != FORMAT:
+        found = blob.get("format") if isinstance(blob, Mapping) else type(blob).__name__
+        raise ValueError(f"{where} is not a dash_fn state (format {found!r}, expected {FORMAT!r})")
+    if blob.get("version") != VERSION:
+        raise ValueError(
+            f"{where} has format version {blob.get('version')!r}; this dash_fn reads version {VERSION} "
+            "(files of dash_fn's unreleased development versions do not load)"
+        )
+    if "checksum" not in blob:
+        raise ValueError(f"{where} has no checksum; dash_fn.load_state reads files written by dash_fn.save_state")
+    if blob["checksum"] != _checksum(blob, where):
+        raise ValueError(f"{where} is corrupted: its checksum does not match its contents")
+    _check_placement(blob, process_group_info(process_group), where)
+    saved_config = read_config(blob.get("config"), where)
     if config is not None:
         _check_config(saved_config, config, where)
-    template = _template(saved_params, saved_config, device, placement, batch_dims)
-    tensors = _check_tensors(_upgrade_version_1(blob, template), template, where)
-    state = TensorDict(
-        constants(template["plan"], template["shard"], saved_config, device), batch_size=[], device=device
-    )
-    for key, _ in template.exclude(*CONSTANTS).items(include_nested=True, leaves_only=True):
-        state.set(key, tensors[_join(key)].to(device, copy=copy))
-    state = (
-        state.set_non_tensor("config", saved_config)
-        .set_non_tensor("plan", template["plan"])
-        .set_non_tensor("shard", template["shard"])
-    )
-    return mark_static(state)
+    entries = blob["state"]
+    specs = {}
+    for name, entry in entries.items():
+        shape, dtype, batch_dims = _check_entry(entry, name, None, None, None, where)
+        specs[name] = (shape, dtype, batch_dims)
+    if expected is not None:
+        _check_params(specs, expected, where)
+    device = torch.device("cpu" if device is None else device)
+    values = {name: torch.empty(shape, dtype=dtype, device=device) for name, (shape, dtype, _) in specs.items()}
+    batch_dims = {name: b for name, (_, _, b) in specs.items() if b}
+    fresh = init(values, saved_config, process_group, batch_dims)
+    return load_param_entries(fresh, entries, where, into=True, exact=True)
+
+
+# --- config and layout -----------------------------------------------------------------------------
+
+
+def read_config(fields, where: str) -> DashConfig:
+    """The DashConfig of saved fields: every field present, none unknown."""
+    if not isinstance(fields, Mapping):
+        raise ValueError(f"{where}: 'config' must be a dict of DashConfig fields, got {type(fields).__name__}")
+    for name in fields:
+        if name not in CONFIG_FIELDS:
+            raise ValueError(f"{where}: config has unknown field {name!r} (written by another dash_fn version?)")
+    for name in CONFIG_FIELDS:
+        if name not in fields:
+            raise ValueError(f"{where}: config lacks field {name!r} (written by another dash_fn version?)")
+    try:
+        return DashConfig(**fields)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{where}: invalid config: {error}") from None
 
 
 def with_config(state: TensorDict, config: DashConfig, where: str = "state") -> TensorDict:
@@ -171,148 +333,67 @@ def check_layout(found: DashConfig, expected: DashConfig, where: str, found_in: 
             )
 
 
-def save_state(path, state: TensorDict) -> None:
-    """Write the state to ``path`` (a file name or a binary file object) with ``torch.save``.
-
-    The file holds the checkpoint dict (see the module docstring) with CPU tensors and a
-    CRC-32 checksum. A named file is written to a temporary name beside it and then renamed,
-    so a crash mid-write never leaves a truncated checkpoint under ``path``.
-    """
-    blob = state_to_dict(state)
-    blob["tensors"] = {key: x.detach().cpu() for key, x in blob["tensors"].items()}
-    blob["checksum"] = _checksum(blob)
-    atomic_save(blob, path)
+# --- checks and helpers ----------------------------------------------------------------------------
 
 
-def atomic_save(obj, path) -> None:
-    """``torch.save(obj, path)`` that a crash cannot leave half-written under ``path``.
-
-    The bytes go to a temporary file beside ``path``, are flushed to the disk, and the file is
-    then renamed over ``path`` (an atomic step on POSIX file systems): a process killed at any
-    moment leaves either the previous file or the new one. A killed writer may leave its
-    temporary ``<path>.tmp-<pid>`` behind, never a partial ``path``. Use it for the adapter's
-    checkpoints too: ``dash_fn.atomic_save({"model": ..., "opt": opt.state_dict()}, path)``.
-    ``path`` may also be a binary file object, written as it is."""
-    if not isinstance(path, (str, os.PathLike)):
-        torch.save(obj, path)
-        return
-    temporary = f"{os.fspath(path)}.tmp-{os.getpid()}"
-    try:
-        with open(temporary, "wb") as file:
-            torch.save(obj, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    finally:
-        if os.path.exists(temporary):
-            os.remove(temporary)
+def _check_state(state, where: str) -> None:
+    if not isinstance(state, TensorDict) or "plan" not in state.keys():
+        raise TypeError(f"{where}: state must be the TensorDict returned by dash_fn.init")
 
 
-def load_state(path, *, params=None, config: DashConfig | None = None, device=None, process_group=None) -> TensorDict:
-    """Read a state written by :func:`save_state` (``torch.load(weights_only=True)``).
-
-    A rank's share of a distributed state loads with ``process_group`` of the same size, on
-    the rank that saved it (each rank saves and loads its own file).
-
-    ``params`` (a Mapping[str, Tensor] or TensorDict, e.g. the model's parameters) and
-    ``config``, when given, must match the checkpoint: a different name, shape, dtype or config
-    field raises ``ValueError`` naming the first one. The state goes to ``device``, by default
-    the device of ``params``, else the CPU. A truncated or corrupted file, another format or
-    version raise ``ValueError`` too; nothing is returned then.
-    """
-    where = f"checkpoint {os.fspath(path)!r}" if isinstance(path, (str, os.PathLike)) else "checkpoint"
-    specs = None
-    if params is not None:
-        _, names, tensors = flatten(params, "params")
-        specs = [(n, tuple(x.shape), x.dtype) for n, x in zip(names, tensors)]
-        if device is None and tensors:
-            device = tensors[0].device
-    try:
-        blob = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # torch.load raises many types for a damaged file
+def _check_entry(entry, name: str, shape, dtype, batch_dims, where: str):
+    """A parameter's entry, checked for form and, where given, against the parameter's shape,
+    dtype and batch dims; returns the saved ones."""
+    if not isinstance(entry, Mapping):
+        raise ValueError(f"{where}: the checkpoint has no state for parameter {name!r}")
+    if "shape" not in entry or "step" not in entry:
         raise ValueError(
-            f"{where} cannot be read; it is truncated, corrupted or not a torch.save file "
-            f"({type(error).__name__}: {error})"
-        ) from error
-    _check_header(blob, where)
-    if "checksum" not in blob:
-        raise ValueError(f"{where} has no checksum; dash_fn.load_state reads files written by dash_fn.save_state")
-    if blob["checksum"] != _checksum(blob, where):
-        raise ValueError(f"{where} is corrupted: its checksum does not match its contents")
-    return state_from_dict(
-        blob, device=device, params=specs, config=config, copy=False, where=where, process_group=process_group
-    )
+            f"{where}: the checkpoint's state for parameter {name!r} is not a dash_fn state (keys {sorted(entry)})"
+        )
+    saved_shape = entry["shape"]
+    dtype_name = entry.get("dtype")
+    saved_dtype = getattr(torch, dtype_name, None) if isinstance(dtype_name, str) else None
+    saved_batch_dims = entry.get("batch_dims", 0)
+    if (
+        not isinstance(saved_shape, list)
+        or not all(isinstance(d, int) and d >= 0 for d in saved_shape)
+        or not isinstance(saved_dtype, torch.dtype)
+        or not saved_dtype.is_floating_point
+        or not isinstance(saved_batch_dims, int)
+    ):
+        raise ValueError(f"{where}: parameter {name!r} has a malformed shape, dtype or batch_dims in the checkpoint")
+    if shape is not None and tuple(saved_shape) != shape:
+        raise ValueError(f"{where}: parameter {name!r} has shape {shape} but {tuple(saved_shape)} in the checkpoint")
+    if dtype is not None and saved_dtype != dtype:
+        raise ValueError(f"{where}: parameter {name!r} has dtype {dtype} but {saved_dtype} in the checkpoint")
+    if batch_dims is not None and saved_batch_dims != batch_dims:
+        raise ValueError(
+            f"{where}: parameter {name!r} has batch_dims {batch_dims} but {saved_batch_dims} in the checkpoint"
+        )
+    return tuple(saved_shape), saved_dtype, saved_batch_dims
 
 
-def _join(key) -> str:
-    return "/".join(key) if isinstance(key, tuple) else key
+def _check_nothing_else(entries: Mapping, expected: Mapping, where: str, path: str = "") -> None:
+    """Raise on the first key of ``entries`` (nested) that ``expected`` lacks."""
+    for key, value in entries.items():
+        if key not in expected:
+            raise ValueError(f"{where}: unexpected entry {path + str(key)!r}")
+        if isinstance(value, Mapping) and isinstance(expected[key], Mapping):
+            _check_nothing_else(value, expected[key], where, f"{path}{key}/")
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _check_header(blob, where: str) -> None:
-    if not isinstance(blob, Mapping) or blob.get("format") != FORMAT:
-        found = blob.get("format") if isinstance(blob, Mapping) else type(blob).__name__
-        raise ValueError(f"{where} is not a dash_fn state (format {found!r}, expected {FORMAT!r})")
-    if blob.get("version") not in READABLE:
-        raise ValueError(f"{where} has format version {blob.get('version')!r}; this dash_fn reads versions {READABLE}")
-
-
-def _checksum(blob: Mapping, where: str = "checkpoint") -> int:
-    """CRC-32 of the metadata and of every tensor's key, dtype, shape and bytes."""
-    tensors = blob.get("tensors")
-    if not isinstance(tensors, Mapping) or not all(isinstance(x, torch.Tensor) for x in tensors.values()):
-        raise ValueError(f"{where}: 'tensors' must be a dict of tensors")
-    metadata: tuple = (blob["format"], blob["version"], blob.get("config"), blob.get("params"))
-    if "shard" in blob:
-        metadata += (blob["shard"],)
-    crc = zlib.crc32(repr(metadata).encode())
-    for key in sorted(tensors):
-        x = tensors[key].detach().cpu().contiguous()
-        crc = zlib.crc32(f"{key}:{x.dtype}:{tuple(x.shape)}".encode(), crc)
-        crc = zlib.crc32(x.reshape(-1).view(torch.uint8).numpy(), crc)
-    return crc
-
-
-def _read_params(entries, where: str) -> tuple[list[ParamSpec], dict[str, int]]:
-    """(name, shape, dtype) of the checkpoint's parameters, checked for form, and their
-    declared batch dims (an optional fourth item)."""
-    if not isinstance(entries, list) or not entries:
-        raise ValueError(f"{where}: 'params' must be a non-empty list of [name, shape, dtype]")
-    specs, batch_dims = [], {}
-    for entry in entries:
-        ok = isinstance(entry, list) and len(entry) in (3, 4) and isinstance(entry[0], str)
-        ok = ok and isinstance(entry[1], list) and all(isinstance(d, int) and d >= 0 for d in entry[1])
-        ok = ok and (len(entry) == 3 or (isinstance(entry[3], int) and 0 < entry[3] < len(entry[1])))
-        dtype = getattr(torch, entry[2], None) if ok and isinstance(entry[2], str) else None
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise ValueError(
-                f"{where}: bad parameter entry {entry!r}; expected [name, shape, floating dtype name(, batch dims)]"
-            )
-        specs.append((entry[0], tuple(entry[1]), dtype))
-        if len(entry) == 4:
-            batch_dims[entry[0]] = entry[3]
-    return specs, batch_dims
-
-
-def _check_params(saved: Sequence[ParamSpec], expected: Sequence[ParamSpec], where: str) -> None:
+def _check_params(saved: Mapping, expected: Mapping, where: str) -> None:
     """Raise on the first parameter that the model and the checkpoint disagree on."""
-    saved_by_name = {name: (shape, dtype) for name, shape, dtype in saved}
-    expected_names = {name for name, _, _ in expected}
-    for name, shape, dtype in expected:
-        if name not in saved_by_name:
+    for name, (shape, dtype) in expected.items():
+        if name not in saved:
             raise ValueError(f"{where} has no state for parameter {name!r}")
-        saved_shape, saved_dtype = saved_by_name[name]
-        if tuple(shape) != saved_shape:
-            raise ValueError(
-                f"{where}: parameter {name!r} has shape {tuple(shape)} but {saved_shape} in the checkpoint"
-            )
+        saved_shape, saved_dtype, _ = saved[name]
+        if shape != saved_shape:
+            raise ValueError(f"{where}: parameter {name!r} has shape {shape} but {saved_shape} in the checkpoint")
         if dtype != saved_dtype:
             raise ValueError(f"{where}: parameter {name!r} has dtype {dtype} but {saved_dtype} in the checkpoint")
-    for name, _, _ in saved:
-        if name not in expected_names:
+    for name in saved:
+        if name not in expected:
             raise ValueError(f"{where} has state for parameter {name!r}, which the model lacks")
 
 
@@ -320,12 +401,13 @@ def _check_config(saved: DashConfig, expected: DashConfig, where: str) -> None:
     for name in CONFIG_FIELDS:
         if getattr(saved, name) != getattr(expected, name):
             raise ValueError(
-                f"{where}: config.{name} is {getattr(expected, name)!r} but {getattr(saved, name)!r} in the checkpoint"
+                f"{where}: config.{name} is {getattr(expected, name)!r} here but {getattr(saved, name)!r} "
+                "in the checkpoint"
             )
 
 
-def _check_placement(blob, placement: Placement, where: str) -> None:
-    """Raise unless the checkpoint was saved by the rank and world size it is loaded on."""
+def _check_placement(blob, placement, where: str) -> None:
+    """Raise unless the file was saved by the rank and world size it is loaded on."""
     rank, world_size, _ = placement
     saved = blob.get("shard", {"rank": 0, "world_size": 1})
     if not isinstance(saved, Mapping) or not all(isinstance(saved.get(k), int) for k in ("rank", "world_size")):
@@ -335,61 +417,78 @@ def _check_placement(blob, placement: Placement, where: str) -> None:
         here = "one process" if world_size == 1 else f"rank {rank} of {world_size}"
         raise ValueError(
             f"{where} holds the optimizer state of {described} but is loaded on {here}; each rank loads its own "
-            "file, with a process_group of the size it was saved with (resharding is not supported)"
+            "file, with a process_group of the size it was saved with (to move between world sizes, use "
+            "dash_fn.state_to_dict with torch.distributed.checkpoint)"
         )
 
 
-def _template(
-    params: Sequence[ParamSpec], config: DashConfig, device: torch.device, placement: Placement, batch_dims
-) -> TensorDict:
-    """The state ``init`` would make, on the meta device (no memory): keys, shapes, dtypes, plan.
+def _checksum(blob: Mapping, where: str = "checkpoint") -> int:
+    """CRC-32 of the metadata and of every tensor's key, dtype, shape and bytes."""
+    if not isinstance(blob.get("state"), Mapping):
+        raise ValueError(f"{where}: 'state' must be a dict of per-parameter entries")
+    metadata: list[tuple[str, object]] = []
+    tensors: list[tuple[str, torch.Tensor]] = []
+    for key, value in _leaves(blob["state"]):
+        (tensors if isinstance(value, torch.Tensor) else metadata).append((key, value))
+    header = (blob.get("format"), blob.get("version"), blob.get("config"), blob.get("shard"), metadata)
+    crc = zlib.crc32(repr(header).encode())
+    for key, x in tensors:
+        x = x.detach().cpu().contiguous()
+        crc = zlib.crc32(f"{key}:{x.dtype}:{tuple(x.shape)}".encode(), crc)
+        crc = zlib.crc32(x.reshape(-1).view(torch.uint8).numpy().data, crc)
+    return crc
 
-    ``auto`` is resolved for the target device first, as it decides whether start vectors exist.
-    """
-    layout_config = config.replace(solver=resolve_solver(config, for_device(device)))
-    return make_state(list(params), layout_config, torch.device("meta"), *placement, batch_dims=batch_dims)
+
+def _leaves(tree: Mapping, prefix: str = ""):
+    """``(path, value)`` of every leaf of nested dicts, in key order."""
+    for key in sorted(tree, key=str):
+        value = tree[key]
+        if isinstance(value, Mapping):
+            yield from _leaves(value, f"{prefix}{key}/")
+        else:
+            yield f"{prefix}{key}", value
 
 
-def _check_tensors(tensors, template: TensorDict, where: str) -> dict:
-    """The checkpoint's tensors, after checking them against the template: every key, shape, dtype."""
-    if not isinstance(tensors, Mapping):
-        raise ValueError(f"{where}: 'tensors' must be a dict of tensors")
-    expected = {
-        _join(key): spec
-        for key, spec in template.items(include_nested=True, leaves_only=True)
-        if key[0] not in CONSTANTS
+def _map_tensors(tree: Mapping, fn) -> dict:
+    return {
+        k: _map_tensors(v, fn) if isinstance(v, Mapping) else fn(v) if isinstance(v, torch.Tensor) else v
+        for k, v in tree.items()
     }
-    for key, spec in expected.items():
-        if key not in tensors:
-            raise ValueError(f"{where} lacks state tensor {key!r}")
-        x = tensors[key]
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{where}: state entry {key!r} is a {type(x).__name__}, not a tensor")
-        if x.shape != spec.shape or x.dtype != spec.dtype:
-            raise ValueError(
-                f"{where}: state tensor {key!r} has shape {tuple(x.shape)} and dtype {x.dtype}, "
-                f"expected {tuple(spec.shape)} and {spec.dtype}"
-            )
-    for key in tensors:
-        if key not in expected:
-            raise ValueError(f"{where} has unexpected state tensor {key!r}")
-    return dict(tensors)
 
 
-def _upgrade_version_1(blob, template: TensorDict):
-    """The tensors of a version-1 dict in today's layout: each stack's 0-d fallback count given
-    to its first factor, and a zero ``skipped`` counter (version 1 never skipped a step)."""
-    tensors = blob.get("tensors")
-    if blob.get("version") != 1 or not isinstance(tensors, Mapping):
-        return tensors
-    tensors = dict(tensors)
-    tensors.setdefault("skipped", torch.zeros((), dtype=torch.int64))
-    for key, spec in template.items(include_nested=True, leaves_only=True):
-        name = _join(key)
-        old = tensors.get(name)
-        if key[-1] == "fallbacks" and isinstance(old, torch.Tensor) and old.ndim == 0 and spec.ndim == 1:
-            counts = torch.zeros(spec.shape, dtype=old.dtype)
-            if spec.shape[0]:
-                counts[0] = old
-            tensors[name] = counts
-    return tensors
+def _block_key(shard, i: int, row: int, col: int, g: int) -> str:
+    """A block by the rows and columns it covers (so another block size never reuses a key)."""
+    group = shard.local.groups[g]
+    return f"{shard.key_prefix(i)}rows_{row}_{row + group.rows}_cols_{col}_{col + group.cols}"
+
+
+def _block_views(state: TensorDict, local, g: int, pos: int) -> dict[str, torch.Tensor]:
+    """Views of the state of block ``pos`` of this rank's group ``g`` stack."""
+    group = local.groups[g]
+    views = {
+        name: state["groups", str(g), name][pos] for name in GROUP_FIELDS if name in state["groups", str(g)].keys()
+    }
+    for side, letter in ((group.left, "L"), (group.right, "R")):
+        if side is not None:
+            factors = state["factors", str(side.stack)]
+            views[letter] = factors["F"][side.offset + pos]
+            views[f"{letter}bar"] = factors["Fbar"][side.offset + pos]
+            views[f"{letter}_fallbacks"] = factors["fallbacks"][side.offset + pos]
+    return views
+
+
+def _tensor(entry: Mapping, key: str, shape: tuple, dtype: torch.dtype, where: str) -> torch.Tensor:
+    x = entry.get(key)
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(
+            f"{where}: lacks tensor {key!r}" if x is None else f"{where}: {key!r} is a {type(x).__name__}, not a tensor"
+        )
+    if tuple(x.shape) != shape or x.dtype != dtype:
+        raise ValueError(
+            f"{where}: {key!r} has shape {tuple(x.shape)} and dtype {x.dtype}, expected {shape} and {dtype}"
+        )
+    return x
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

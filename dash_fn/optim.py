@@ -31,10 +31,9 @@ from numbers import Real
 
 import torch
 
-from .checkpoint import CONFIG_FIELDS, check_layout, read_config, state_from_dict, with_config
+from .checkpoint import CONFIG_FIELDS, check_layout, load_param_entries, param_entries, with_config
 from .config import DashConfig
 from .distributed import process_group_info
-from .distributed.dcp import load_param_entries, param_entries
 from .plan import ADAMW
 from .roots import resolve_solver
 from .schedule import is_refresh_step
@@ -231,7 +230,7 @@ class DASH(torch.optim.Optimizer):
         ``param_groups`` holds each group's hyper-parameters (lr and the DashConfig fields) and
         its parameters' indices, as in ``torch.optim``. ``state`` maps each parameter's index
         to its share of its group's state, keyed by the global coordinates of its blocks
-        (:mod:`dash_fn.distributed.dcp`): the same keys at every world size, so that
+        (:mod:`dash_fn.checkpoint`): the same keys at every world size, so that
         ``torch.distributed.checkpoint`` (``get_state_dict`` / ``set_state_dict``) saves it at
         W ranks and loads it at W'. Primitives and tensors only, so
         ``torch.load(weights_only=True)`` reads it. The tensors are the live state's, as in
@@ -286,23 +285,13 @@ class DASH(torch.optim.Optimizer):
             post_hook(self)
 
     def _restored_state(self, group: dict, config: DashConfig, found: list, where: str) -> dict:
-        """One group's state entry from its parameters' saved entries (or, as written by
-        dash_fn 0.1, one checkpoint dict for the whole group)."""
+        """One group's state entry from its parameters' saved entries."""
         params = group["params"]
+        if len(found) != len(params):
+            raise ValueError(f"{where}: the checkpoint has state for {len(found)} of its {len(params)} parameters")
         values = {n: p.detach() for n, p in zip(_names(group), params)}
-        if len(found) == 1 and isinstance(found[0], Mapping) and "format" in found[0]:
-            blob = found[0]
-            check_layout(read_config(blob, where), config, where, found_in="the checkpoint's state")
-            specs = [(n, tuple(p.shape), p.dtype) for n, p in values.items()]
-            state = state_from_dict(
-                blob, device=params[0].device, params=specs, where=where, process_group=self._process_group
-            )
-        else:
-            if len(found) != len(params):
-                raise ValueError(f"{where}: the checkpoint has state for {len(found)} of its {len(params)} parameters")
-            state = load_param_entries(
-                init(values, config, self._process_group, _batch_dims(group)), dict(zip(values, found)), where
-            )
+        fresh = init(values, config, self._process_group, _batch_dims(group))
+        state = load_param_entries(fresh, dict(zip(values, found)), where, into=True)
         return {"dash": state, "step": int(state["step"]) + int(state["skipped"])}  # the group's calls
 
     def _restored(self, state_dict) -> tuple[list[dict], dict, dict]:
@@ -334,7 +323,8 @@ class DASH(torch.optim.Optimizer):
                     f"{where} has {len(saved.get('params', ())) if isinstance(saved, Mapping) else '?'} parameters in "
                     f"the checkpoint, {len(params)} here"
                 )
-            # Keys the checkpoint lacks (a field added since it was written) keep their values.
+            # keys the checkpoint's group lacks keep this group's values (torch.optim's rule for keys
+            # added since, e.g. foreach)
             new_group = {**group, **{k: v for k, v in saved.items() if k != "params"}, "params": params}
             config = group_config(new_group, where)
             _check_lr(new_group["lr"], where)

@@ -1,7 +1,7 @@
 """Saves checkpoints to one path in a loop, for tests/test_crash_safe.py to kill (SIGKILL) mid-write.
 
 ``python crash_writer.py PATH KIND``: KIND ``state`` writes dash_fn.save_state; ``adapter``
-writes dash_fn.atomic_save of {"step": k, "opt": DASH.state_dict()}. Each save k fills the
+writes dash_fn.utils.atomic_save of {"step": k, "opt": DASH.state_dict()}. Each save k fills the
 state with the value k, so a reader can tell a whole file from a mixed one; after each save
 the writer prints k and flushes.
 """
@@ -30,5 +30,5 @@ for k in range(1, 10_000):
     if kind == "state":
         dash_fn.save_state(path, state)
     else:
-        dash_fn.atomic_save({"step": k, "opt": opt.state_dict()}, path)
+        dash_fn.utils.atomic_save({"step": k, "opt": opt.state_dict()}, path)
     print(k, flush=True)

@@ -236,7 +236,8 @@ def save_task(world: int, out: str) -> None:
     params, state, mesh = functional_training(world)
     params, state = functional_steps(params, state, mesh, range(1, STEPS // 2 + 1))
     dcp.save(
-        {"params": params, "optim": dash_fn.state_dict(state)}, checkpoint_id=os.path.join(out, f"functional_w{world}")
+        {"params": params, "optim": dash_fn.state_to_dict(state)},
+        checkpoint_id=os.path.join(out, f"functional_w{world}"),
     )
     for mode in ("fsdp", "ddp"):
         net, opt, mesh = sharded_training(mode, world)
@@ -253,10 +254,10 @@ def resume_task(rank: int, world: int, out: str, saved_world: int) -> None:
 
     results = {"errors": config_mismatch(world, os.path.join(out, f"fsdp_w{saved_world}"))}
     params, state, mesh = functional_training(world)
-    sd = {"params": params, "optim": dash_fn.state_dict(state)}
+    sd = {"params": params, "optim": dash_fn.state_to_dict(state)}
     dcp.load(sd, checkpoint_id=os.path.join(out, f"functional_w{saved_world}"))
     params, state = functional_steps(
-        sd["params"], dash_fn.load_state_dict(state, sd["optim"]), mesh, range(STEPS // 2 + 1, STEPS + 1)
+        sd["params"], dash_fn.state_from_dict(state, sd["optim"]), mesh, range(STEPS // 2 + 1, STEPS + 1)
     )
     results["functional"] = {k: v.full_tensor() for k, v in params.items()}
     for mode in ("fsdp", "ddp"):

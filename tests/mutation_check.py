@@ -329,8 +329,8 @@ MUTATIONS = [
         ("tests/test_checkpoint.py", "-k", "damaged"),
     ),
     Mutation(
-        "dcp: another step counter accepted per parameter",
-        "dash_fn/distributed/dcp.py",
+        "checkpoint: another step counter accepted per parameter",
+        "dash_fn/checkpoint.py",
         "if not torch.equal(t, steps[first]):",
         "if False:",
         ("tests/test_checkpoint.py", "-k", "bad_entries"),

@@ -57,17 +57,21 @@ def test_load_state_rejects_unexpected_or_misshaped_tensors(tmp_path):
     state = dash_fn.init(mixed_params(), CONFIG)
     dash_fn.save_state(tmp_path / "state.pt", state)
     blob = torch.load(tmp_path / "state.pt", weights_only=True)
-    extra = {**blob, "tensors": {**blob["tensors"], "groups/0/X": torch.zeros(1)}}
-    _resave(extra, tmp_path / "extra.pt")
-    with pytest.raises(ValueError, match="unexpected state tensor 'groups/0/X'"):
+    name = next(n for n, entry in blob["state"].items() if any(k.startswith("rows_") for k in entry))
+    block = next(k for k in blob["state"][name] if k.startswith("rows_"))
+
+    def changed(**entry):
+        return {**blob, "state": {**blob["state"], name: {**blob["state"][name], **entry}}}
+
+    _resave(changed(**{block: {**blob["state"][name][block], "X": torch.zeros(1)}}), tmp_path / "extra.pt")
+    with pytest.raises(ValueError, match=f"unexpected entry '{name}/{block}/X'"):
         dash_fn.load_state(tmp_path / "extra.pt")
-    misshaped = {**blob, "tensors": {**blob["tensors"], "groups/0/A": blob["tensors"]["groups/0/A"][:1]}}
-    _resave(misshaped, tmp_path / "misshaped.pt")
-    with pytest.raises(ValueError, match="state tensor 'groups/0/A' has shape"):
+    A = blob["state"][name][block]["A"]
+    _resave(changed(**{block: {**blob["state"][name][block], "A": A[:1]}}), tmp_path / "misshaped.pt")
+    with pytest.raises(ValueError, match=f"parameter '{name}' {block}: 'A' has shape"):
         dash_fn.load_state(tmp_path / "misshaped.pt")
-    retyped = {**blob, "tensors": {**blob["tensors"], "step": blob["tensors"]["step"].double()}}
-    _resave(retyped, tmp_path / "retyped.pt")
-    with pytest.raises(ValueError, match="state tensor 'step' has shape .* and dtype torch.float64"):
+    _resave(changed(step=blob["state"][name]["step"].double()), tmp_path / "retyped.pt")
+    with pytest.raises(ValueError, match=f"parameter '{name}': 'step' has shape .* and dtype torch.float64"):
         dash_fn.load_state(tmp_path / "retyped.pt")
 
 
@@ -95,3 +99,27 @@ def test_a_name_given_twice_is_refused_by_init_and_step():
     with pytest.raises(ValueError, match="params names a parameter twice|params has parameter"):
         dash_fn.step(twice, {"a.b": torch.zeros(3, 3)}, state, lr=0.1)
     assert all(torch.equal(v, before[k]) for k, v in tensors(state).items())
+
+
+def test_the_public_surface_is_what_a_user_trains_with():
+    """``dash_fn`` exports the config, init, step, the schedule helper, the adapter, the state's
+    save/load forms and the inverse-root utility; utilities live in ``dash_fn.utils``; every
+    public name has a docstring."""
+    assert set(dash_fn.__all__) == {
+        "DashConfig",
+        "init",
+        "step",
+        "is_refresh_step",
+        "DASH",
+        "save_state",
+        "load_state",
+        "state_to_dict",
+        "state_from_dict",
+        "inverse_root",
+        "utils",
+    }
+    assert set(dash_fn.utils.__all__) == {"retain_freed_cpu_memory", "atomic_save", "mark_static", "start_vectors"}
+    for module in (dash_fn, dash_fn.utils):
+        for name in module.__all__:
+            assert getattr(module, name).__doc__, name
+    assert not any(hasattr(dash_fn, name) for name in dash_fn.utils.__all__)

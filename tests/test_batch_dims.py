@@ -79,13 +79,13 @@ def test_checkpoint_round_trip_keeps_the_experts(tmp_path):
     loaded = dash_fn.load_state(tmp_path / "state.pt", params=params)
     assert_equal_states(loaded, state)
     assert loaded["plan"] == state["plan"]
-    saved = dash_fn.state_dict(state)
+    saved = dash_fn.state_to_dict(state)
     assert "rows_20_28_cols_0_8" in saved["state"]["experts"]  # expert 1's first block: rows of the (E 20, 12) view
-    assert_equal_states(dash_fn.load_state_dict(dash_fn.init(params, CONFIG, batch_dims={"experts": 1}), saved), state)
+    assert_equal_states(dash_fn.state_from_dict(dash_fn.init(params, CONFIG, batch_dims={"experts": 1}), saved), state)
     with pytest.raises(ValueError, match="parameter 'experts' has batch_dims 0 but 1 in the checkpoint"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            dash_fn.load_state_dict(dash_fn.init(params, CONFIG), saved)
+            dash_fn.state_from_dict(dash_fn.init(params, CONFIG), saved)
 
 
 def test_adapter_group_key_batch_dims():

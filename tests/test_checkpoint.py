@@ -129,10 +129,13 @@ def test_state_file_holds_primitives_and_tensors_only(tmp_path):
     state = dash_fn.init(params, dash_fn.DashConfig(block_size=16, solver="ndb", start_prec_step=math.inf))
     dash_fn.save_state(tmp_path / "state.pt", state)
     blob = torch.load(tmp_path / "state.pt", weights_only=True)
-    assert (blob["format"], blob["version"]) == ("dash_fn.state", 2)
+    assert (blob["format"], blob["version"]) == ("dash_fn.state", 3)
     assert blob["config"]["start_prec_step"] == math.inf and blob["config"]["solver"] == "ndb"
-    assert blob["params"][0] == ["square", [32, 32], "float32"]
-    assert ("start_vectors", "16") in tensors(state) and not any(k.startswith("start_vectors") for k in blob["tensors"])
+    entry = blob["state"]["square"]
+    assert (entry["shape"], entry["dtype"], entry["batch_dims"]) == ([32, 32], "float32", 0)
+    assert sorted(entry["rows_16_32_cols_0_16"]) == ["A", "Gt", "L", "L_fallbacks", "Lbar", "R", "R_fallbacks", "Rbar"]
+    assert ("start_vectors", "16") in tensors(state)
+    assert not any("start_vectors" in key for entry in blob["state"].values() for key in entry)
     assert_equal_states(dash_fn.load_state(tmp_path / "state.pt"), state)  # start vectors regenerated
     assert list(tmp_path.iterdir()) == [tmp_path / "state.pt"]  # no temporary file left
 
@@ -149,25 +152,32 @@ def test_loaded_state_shares_no_memory_with_the_source():
     assert_unchanged(opt, before)
 
 
-def test_adapter_state_dict_of_dash_fn_0_1_still_loads():
-    """dash_fn 0.1 kept one checkpoint dict per group, under its first parameter's index."""
-    from dash_fn.checkpoint import state_to_dict
-
+def test_adapter_functional_and_file_forms_are_one_format(tmp_path):
+    """A parameter's entry is the same in DASH.state_dict(), dash_fn.state_to_dict and a state
+    file: the same keys, the same tensors (the module doc of dash_fn.checkpoint)."""
     params = parameters()
     opt, scheduler = make_optimizer(params, solver="eigh")
     train(params, opt, scheduler, range(1, 3))
-    new_format = opt.state_dict()
-    old_format = {
-        "state": {0: state_to_dict(dash_states(opt)[0]), 3: state_to_dict(dash_states(opt)[1])},
-        "param_groups": new_format["param_groups"],
-    }
-    loaded = []
-    for state_dict in (new_format, old_format):
-        other, _ = make_optimizer(parameters({k: p.detach() for k, p in params.items()}), solver="eigh")
-        other.load_state_dict(state_dict)
-        loaded.append(dash_states(other))
-    for old, new in zip(*loaded):
-        assert_equal_states(old, new)
+    adapter = opt.state_dict()["state"]
+    index = 0
+    for state in dash_states(opt):
+        functional = dash_fn.state_to_dict(state)["state"]
+        dash_fn.save_state(tmp_path / "state.pt", state)
+        saved = torch.load(tmp_path / "state.pt", weights_only=True)["state"]
+        assert list(saved) == list(functional)
+        for name, entry in functional.items():
+            for other in (adapter[index], saved[name]):
+                assert other.keys() == entry.keys()
+                for key, value in entry.items():
+                    if isinstance(value, dict):
+                        assert other[key].keys() == value.keys()
+                        assert all(torch.equal(other[key][f], value[f]) for f in value), (name, key)
+                    elif isinstance(value, torch.Tensor):
+                        assert torch.equal(other[key], value), (name, key)
+                    else:
+                        assert other[key] == value, (name, key)
+            index += 1
+    assert index == len(adapter)
 
 
 @pytest.fixture
@@ -236,7 +246,7 @@ def test_load_state_rejects_another_model_or_config(tmp_path):
             config,
             "parameter 'bias' has dtype torch.float64 but torch.float32",
         ),
-        (params, config.replace(weight_decay=0.1), "config.weight_decay is 0.1 but 0.0 in the checkpoint"),
+        (params, config.replace(weight_decay=0.1), "config.weight_decay is 0.1 here but 0.0 in the checkpoint"),
     ]
     for model, cfg, match in cases:
         with pytest.raises(ValueError, match=match):
@@ -271,7 +281,7 @@ def test_damaged_or_foreign_files_raise_clear_errors(tmp_path):
     blob = torch.load(good, weights_only=True)
     for change, match in [
         ({"format": "other"}, "not a dash_fn state"),
-        ({"version": 99}, r"version 99; this dash_fn reads versions \(1, 2\)"),
+        ({"version": 2}, "version 2; this dash_fn reads version 3 .*unreleased development versions"),
         ({"checksum": None}, "checksum does not match"),
     ]:
         torch.save({**blob, **change}, tmp_path / "changed.pt")
@@ -302,20 +312,22 @@ def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     assert path.read_bytes() == good and list(tmp_path.iterdir()) == [path]
 
 
-def test_version_1_files_with_per_stack_fallback_counts_still_load(tmp_path):
-    """Version 1 counted fallbacks per factor stack (0-d); the count goes to the first factor."""
-    from dash_fn.checkpoint import _checksum
-
+def test_a_saved_config_lacking_a_field_is_refused(tmp_path):
+    """dash_fn was never released: a saved config without a field (thin_ratio, from before
+    thin blocks existed) is not read with a guessed default, neither in a file nor in a
+    state_to_dict dict; the error names the field."""
     params = model_values()
     state = dash_fn.init(params, dash_fn.DashConfig(block_size=16, solver="eigh"))
-    state["factors", "0", "fallbacks"][1] = 3
-    dash_fn.save_state(tmp_path / "v2.pt", state)
-    blob = torch.load(tmp_path / "v2.pt", weights_only=True)
-    blob["version"] = 1
-    for key in [k for k in blob["tensors"] if k.endswith("fallbacks")]:
-        blob["tensors"][key] = blob["tensors"][key].sum()
+    saved = dash_fn.state_to_dict(state)
+    del saved["config"]["thin_ratio"]
+    with pytest.raises(ValueError, match="config lacks field 'thin_ratio'"):
+        dash_fn.state_from_dict(state, saved)
+    from dash_fn.checkpoint import _checksum
+
+    dash_fn.save_state(tmp_path / "state.pt", state)
+    blob = torch.load(tmp_path / "state.pt", weights_only=True)
+    del blob["config"]["thin_ratio"]
     blob["checksum"] = _checksum(blob)
-    torch.save(blob, tmp_path / "v1.pt")
-    loaded = dash_fn.load_state(tmp_path / "v1.pt", params=params)
-    counts = loaded["factors", "0", "fallbacks"]
-    assert counts.shape == state["factors", "0", "fallbacks"].shape and int(counts[0]) == 3 and int(counts.sum()) == 3
+    torch.save(blob, tmp_path / "old.pt")
+    with pytest.raises(ValueError, match="config lacks field 'thin_ratio'"):
+        dash_fn.load_state(tmp_path / "old.pt", params=params)

@@ -17,7 +17,7 @@ import pytest
 STEPS = """
 import resource, sys, torch, dash_fn
 if sys.argv[1] == "retain":
-    assert dash_fn.retain_freed_cpu_memory()
+    assert dash_fn.utils.retain_freed_cpu_memory()
 torch.manual_seed(0)
 params = [p for _ in range(3) for p in torch.nn.Linear(1024, 1024).parameters()]
 for p in params:

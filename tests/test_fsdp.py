@@ -264,18 +264,18 @@ def _stepped_state(config, steps=4):
 def test_state_dict_moves_to_any_rank_of_any_world_size(sharding, world_size):
     """A one-process state dict loaded as each rank's share: every block the rank holds, and
     its AdamW rows, carry the one-process values (no process group is needed to lay it out)."""
-    from dash_fn.distributed.dcp import _block_views
+    from dash_fn.checkpoint import _block_views
     from dash_fn.plan import ADAMW
     from dash_fn.state import make_state
 
     config = dash_fn.DashConfig(block_size=8, solver="eigh", mu=0.5, one_dim="adamw")
     params, state = _stepped_state(config)
-    saved = dash_fn.state_dict(state)
+    saved = dash_fn.state_to_dict(state)
     specs = [(n, tuple(x.shape), x.dtype) for n, x in params.items()]
     held = 0
     for rank in range(world_size):
         template = make_state(specs, config, torch.device("cpu"), rank, world_size, "g", sharding=sharding)
-        loaded = dash_fn.load_state_dict(template, saved)
+        loaded = dash_fn.state_from_dict(template, saved)
         shard, plan = loaded["shard"], loaded["plan"]
         for i, row, col, g, pos in shard.block_origins(plan):
             group = shard.local.groups[g]
@@ -296,17 +296,17 @@ def test_state_dict_moves_to_any_rank_of_any_world_size(sharding, world_size):
 def test_functional_load_state_dict_names_the_differing_field_and_changes_nothing():
     config = dash_fn.DashConfig(block_size=8, solver="eigh")
     _, state = _stepped_state(config)
-    saved = dash_fn.state_dict(state)
+    saved = dash_fn.state_to_dict(state)
     other = dash_fn.init(fsdp_worker.full_params(), config.replace(beta_LR=0.9))
     before = {
         k: v.clone() for k, v in other.exclude("config", "plan", "shard").items(include_nested=True, leaves_only=True)
     }
     with pytest.raises(ValueError, match=r"config.beta_LR is 0.9 here but 0.95 in the checkpoint"):
-        dash_fn.load_state_dict(other, saved)
+        dash_fn.state_from_dict(other, saved)
     for k, v in other.exclude("config", "plan", "shard").items(include_nested=True, leaves_only=True):
         assert torch.equal(v, before[k]), k
-    with pytest.raises(ValueError, match="expected the dict of dash_fn.state_dict"):
-        dash_fn.load_state_dict(other, {"state": {}})
+    with pytest.raises(ValueError, match="expected the dict of dash_fn.state_to_dict"):
+        dash_fn.state_from_dict(other, {"state": {}})
 
 
 def test_fsdp_states_are_not_single_files():
@@ -314,7 +314,7 @@ def test_fsdp_states_are_not_single_files():
 
     specs = [(n, tuple(x.shape), x.dtype) for n, x in fsdp_worker.full_params().items()]
     state = make_state(specs, dash_fn.DashConfig(block_size=8), torch.device("cpu"), 0, 2, "g", sharding="fsdp")
-    with pytest.raises(TypeError, match="torch.distributed.checkpoint through dash_fn.state_dict"):
+    with pytest.raises(TypeError, match="torch.distributed.checkpoint through dash_fn.state_to_dict"):
         dash_fn.save_state(os.devnull, state)
 
 

@@ -77,17 +77,6 @@ def test_matches_the_reference_with_thin_blocks(schedule):
         assert (params[k] - two_sided_params[k]).norm() / moved > 1e-3, k
 
 
-def test_a_checkpoint_written_before_thin_blocks_loads_two_sided():
-    """A checkpoint dict whose config has no thin_ratio (written before it existed, when every
-    block was two-sided) loads with thin_ratio=inf: the layout it was written with."""
-    config = dash_fn.DashConfig(block_size=24, solver="eigh", thin_ratio=math.inf)
-    blob = dash_fn.checkpoint.state_to_dict(dash_fn.init(start(), config))
-    del blob["config"]["thin_ratio"]
-    loaded = dash_fn.checkpoint.state_from_dict(blob)
-    assert loaded["config"].thin_ratio == math.inf
-    assert {g.sides for g in loaded["plan"].groups} == {"both"}
-
-
 def test_the_diagonal_is_the_diagonal_of_the_two_sided_factor():
     """With the grafting moment's decay equal to the factors' (the default: beta_graft = beta_LR
     = 0.95), a tall block's diagonal (A summed over each row) is diag(L) of the two-sided

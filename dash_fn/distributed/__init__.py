@@ -5,8 +5,10 @@
   owned blocks, one all-gather of the directions.
 - :mod:`.fsdp`: FSDP2 row shards (DTensor parameters): blocks inside a shard stay local,
   straddling blocks go to one owner, one all-to-all each way.
-- :mod:`.dcp`: the state keyed by parameter name and global block coordinates, for
-  ``torch.distributed.checkpoint`` and for checkpoints that move between world sizes.
+
+Checkpoints that move between world sizes use the state's one saved form, keyed by parameter
+name and global block coordinates (:mod:`dash_fn.checkpoint`); each shard says how its blocks
+and AdamW moments are named there (``key_prefix``, ``global_moment``, ``local_moment``).
 """
 
 from __future__ import annotations

@@ -79,6 +79,40 @@ class FsdpShard:
         """``(group, start, stop)`` in this rank's stacks: the owned blocks of parameter ``index``."""
         return [(r.group, r.offset, r.offset + r.count) for r in self.owned[index].regions]
 
+    def key_prefix(self, index: int) -> str:
+        """What a checkpoint key of parameter ``index`` starts with: under ``fsdp_blocks="local"``
+        blocks exist per shard, named by the shard's first row."""
+        return f"shard_{self.rows[index][self.rank][0]}_" if self.mode == "local" else ""
+
+    def global_moment(self, index: int, whole: ParamPlan, local: torch.Tensor) -> torch.Tensor:
+        """An AdamW moment of parameter ``index`` as a checkpoint keeps it: with exact blocks a
+        DTensor of the parameter's shape placed like it (rows sharded), else this shard's."""
+        if self.mode == "local" or self.world_size == 1:
+            return local
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.distributed_c10d import _resolve_process_group
+        from torch.distributed.tensor import DTensor, Shard
+
+        # the group name: torch types it as GroupName, a NewType of str; set whenever W > 1
+        group = _resolve_process_group(self.group_name)  # type: ignore[arg-type]
+        mesh = DeviceMesh.from_group(group, local.device.type)
+        stride = torch.empty(whole.shape, device="meta").stride()
+        return DTensor.from_local(
+            local, mesh, (Shard(0),), run_check=False, shape=torch.Size(whole.shape), stride=stride
+        )
+
+    def local_moment(self, index: int, whole: ParamPlan, value):
+        """This rank's rows of a saved AdamW moment: a DTensor's local piece, a whole tensor's
+        slice (exact blocks), else the value."""
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(value, DTensor):
+            return value.to_local()
+        if self.mode == "exact" and isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(whole.shape):
+            lo, hi = self.rows[index][self.rank]
+            return value.reshape(whole.view)[lo:hi].reshape(self.local.params[index].shape)
+        return value
+
     def block_origins(self, plan: Plan):
         """``(param index, row, col, group, stack position)`` of every block this rank holds;
         rows and columns in the parameter's 2-D view (in local mode: in its shard's view)."""

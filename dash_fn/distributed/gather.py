@@ -74,6 +74,20 @@ class Shard:
         """Whether ``flag`` (0-d bool) holds on every rank: one all-reduce when W > 1."""
         return all_ranks(flag, self.world_size, self.group_name)
 
+    def key_prefix(self, index: int) -> str:
+        """What a checkpoint key of parameter ``index`` starts with: blocks are global here."""
+        return ""
+
+    def global_moment(self, index: int, whole: ParamPlan, local: torch.Tensor) -> torch.Tensor:
+        """An AdamW moment of parameter ``index`` as a checkpoint keeps it: whole on every rank."""
+        return local
+
+    def local_moment(self, index: int, whole: ParamPlan, value):
+        """This rank's part of a saved AdamW moment (a DTensor's local piece, else the value)."""
+        from torch.distributed.tensor import DTensor
+
+        return value.to_local() if isinstance(value, DTensor) else value
+
     def gradient_blocks(self, plan: Plan, grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """This rank's slice of every group's gradient block stack."""
         stacks = gather(plan, grads, plan.dtype)

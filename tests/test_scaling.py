@@ -9,8 +9,9 @@ import math
 import pytest
 import torch
 
-from dash_fn import DashConfig, start_vectors
+from dash_fn import DashConfig
 from dash_fn.roots.scaling import SCALE_FLOOR, matrix_scale, rayleigh_estimates
+from dash_fn.utils import start_vectors
 
 f64 = torch.float64
 

@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import dash_fn
 from conftest import mixed_params, random_grads
-from dash_fn import DashConfig, start_vectors
+from dash_fn import DashConfig
 from dash_fn.roots import SOLVERS, eigh_cpu, inverse_root, refresh_roots, resolve_solver
 from dash_fn.roots.chebyshev import clenshaw, fit_coefficients
 from dash_fn.roots.cn import coupled_newton
@@ -29,6 +29,7 @@ from dash_fn.roots.eigh import eigh_inverse_root
 from dash_fn.roots.identity import identity_matrix
 from dash_fn.roots.ndb import denman_beavers, ndb_root
 from dash_fn.strategy import for_device
+from dash_fn.utils import start_vectors
 
 f64, f32 = torch.float64, torch.float32
 DTYPES = pytest.mark.parametrize("dtype", [f64, f32], ids=["f64", "f32"])

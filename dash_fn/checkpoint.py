@@ -172,7 +172,7 @@ def state_from_dict(state: TensorDict, saved: Mapping) -> TensorDict:
     state's in any field raises ``ValueError`` naming the field, before anything is read.
     """
     _check_state(state, "state_from_dict")
-    if not isinstance(saved, Mapping) or "state" not in saved:
+    if not isinstance(saved, Mapping) or not isinstance(saved.get("config"), Mapping) or "state" not in saved:
         raise ValueError("state_from_dict: expected the dict of dash_fn.state_to_dict, with 'config' and 'state'")
     _check_config(read_config(saved.get("config"), "state_from_dict"), state["config"], "state_from_dict")
     return load_param_entries(state, saved["state"])

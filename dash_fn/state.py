@@ -15,7 +15,7 @@ from .distributed import make_fsdp_shard, make_shard, process_group_info
 from .distributed.fsdp import check_dtensors, local_shape
 from .inputs import check_params, flatten
 from .plan import Plan, make_plan
-from .roots import resolve_solver, start_vectors, uses_start_vectors
+from .roots import prepare, resolve_solver, start_vectors, uses_start_vectors
 from .schedule import SCHEDULE_KEY, stagger_tables, staggers
 from .storage import stored_dtype
 from .strategy import for_device
@@ -119,6 +119,7 @@ def make_state(
         shard = make_shard(plan, rank, world_size, group_name)
     layout = {**_layout(shard.local, config, device), **constants(plan, shard, config, device)}
     state = TensorDict(layout, batch_size=[], device=device)
+    prepare(config, for_device(device))
     return mark_static(
         state.set_non_tensor("config", config).set_non_tensor("plan", plan).set_non_tensor("shard", shard)
     )

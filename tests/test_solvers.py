@@ -631,6 +631,31 @@ def test_a_block_gets_the_same_bits_at_any_position_and_thread_count(solver, b, 
     assert torch.get_num_threads() == threads
 
 
+def test_steps_with_the_cpu_eigh_op_set_no_thread_count(monkeypatch):
+    """The eigh op's threads run torch with one thread each, set when ``init`` makes them; a
+    step (whose refresh splits the stack over them) writes no thread count, a process-wide
+    setting, and leaves the caller's as it was."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        params = {"w": torch.randn(48, 32, generator=torch.Generator().manual_seed(0))}
+        config = DashConfig(block_size=16, solver="eigh", refresh_schedule="periodic")
+        state = dash_fn.init(params, config)
+        assert eigh_cpu._pool is not None and eigh_cpu._pool.submit(torch.get_num_threads).result() == 1
+
+        def refused(n):
+            raise AssertionError(f"a step set torch's thread count to {n}")
+
+        monkeypatch.setattr(torch, "set_num_threads", refused)
+        for t in (1, 2):
+            grads = {"w": torch.randn(48, 32, generator=torch.Generator().manual_seed(t))}
+            params, state = dash_fn.step(params, grads, state, lr=0.01, refresh=True)
+        assert torch.get_num_threads() == 2
+        monkeypatch.undo()
+    finally:
+        torch.set_num_threads(threads)
+
+
 # --- the step with every solver ---------------------------------------------------------
 
 

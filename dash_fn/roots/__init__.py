@@ -20,7 +20,7 @@ from ..strategy import CPU, Strategy, for_device
 from .chebyshev import chebyshev_inverse_root
 from .cn import cn_inverse_root
 from .eigh import eigh_inverse_root
-from .eigh_cpu import eigh_root
+from .eigh_cpu import eigh_root, start_workers
 from .identity import identity_matrix
 from .masking import finite_blocks
 from .ndb import ndb_inverse_root
@@ -42,6 +42,12 @@ def resolve_solver(config: DashConfig, strategy: Strategy) -> str:
     if config.solver != "auto":
         return config.solver
     return "eigh" if strategy.cpu_ops else "ndb"
+
+
+def prepare(config: DashConfig, strategy: Strategy) -> None:
+    """Start what the solver's form needs before a step runs: the CPU eigh op's threads."""
+    if resolve_solver(config, strategy) == "eigh" and strategy.cpu_ops:
+        start_workers()
 
 
 def solve(solver: str, X: torch.Tensor, p: int, config: DashConfig, start, strategy: Strategy) -> torch.Tensor:

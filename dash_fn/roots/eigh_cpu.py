@@ -6,17 +6,17 @@ barely help at these sizes, while one eigh per core runs them side by side (the 
 benchmarks/RESULTS.md). So the stack is cut into one part per torch thread, solved
 concurrently, each thread shifting (``X + eps I``), padding (:func:`pad_aligned`), decomposing
 and reconstructing its own part a few blocks at a time (:data:`CPU_CHUNK_ELEMENTS`), so that no
-pass over the whole stack precedes or follows the eighs. While they run, torch (and MKL) is
-limited to one thread and restored after: a process-wide setting, but without it each of
-these threads would start its own team of torch's threads and the refresh oversubscribes the
-cores (benchmarks/RESULTS.md, "One algorithm, one switch"). The reconstruction ``Q diag Q^T``
+pass over the whole stack precedes or follows the eighs. The reconstruction ``Q diag Q^T``
 runs in the same thread, on eigenvectors still in its cache, and writes its part of the result
 (no concatenation). Each block's result does not depend on the split (its alignment is fixed,
-see :func:`pad_aligned`).
+see :func:`pad_aligned`). Each of these threads runs torch (and MKL) with one thread of its
+own: with more, each would start its own team of threads and the refresh would oversubscribe
+the cores (benchmarks/RESULTS.md, "One algorithm, one switch").
 """
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -33,11 +33,34 @@ _pool_size = 0
 
 
 def _workers(threads: int) -> ThreadPoolExecutor:
-    """A pool of at least ``threads`` workers, made once and grown when torch's thread count grows."""
+    """A pool of at least ``threads`` workers, each running torch with one thread of its own.
+
+    Made once (again only when torch's thread count grows). torch keeps a thread's count from
+    when it starts, out of a process-wide setting: each new worker sets it to one
+    (``torch.set_num_threads(1)`` in the worker), and once every worker has started, the
+    caller's count is written back, for the threads started later. No step changes it after."""
     global _pool, _pool_size
     if _pool is None or _pool_size < threads:
-        _pool, _pool_size = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="dash_fn_eigh"), threads
+        restore = torch.get_num_threads()
+        pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="dash_fn_eigh", initializer=_one_thread)
+        started = threading.Barrier(threads)
+        list(pool.map(lambda _: started.wait(), range(threads)))  # every worker started and set
+        torch.set_num_threads(restore)
+        _pool, _pool_size = pool, threads
     return _pool
+
+
+def start_workers() -> None:
+    """Make the op's threads now, one a torch thread (``init`` does, so that no step makes them)."""
+    if torch.get_num_threads() > 1:
+        _workers(torch.get_num_threads())
+
+
+def _one_thread() -> None:
+    """This thread runs torch with one thread: its count first taken from the process-wide one
+    (torch does that on a thread's first parallel op, and would undo a count set before), then set."""
+    torch.get_num_threads()
+    torch.set_num_threads(1)
 
 
 @torch.library.custom_op("dash_fn::cpu_eigh_root", mutates_args=())
@@ -63,12 +86,7 @@ def eigh_root(X: torch.Tensor, p: int, eps: float, heuristic: str) -> torch.Tens
         solve(slice(0, X.shape[0]))
         return out
     bounds = [round(i * X.shape[0] / threads) for i in range(threads + 1)]
-    restore = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        list(_workers(threads).map(solve, [slice(lo, hi) for lo, hi in zip(bounds, bounds[1:])]))
-    finally:
-        torch.set_num_threads(restore)
+    list(_workers(threads).map(solve, [slice(lo, hi) for lo, hi in zip(bounds, bounds[1:])]))
     return out
 
 

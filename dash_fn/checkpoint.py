@@ -272,12 +272,13 @@ def load_state(path, *, params=None, config: DashConfig | None = None, device=No
     if config is not None:
         _check_config(saved_config, config, where)
     entries = blob["state"]
-    specs = {}
-    for name, entry in entries.items():
-        shape, dtype, batch_dims = _check_entry(entry, name, None, None, None, where)
-        specs[name] = (shape, dtype, batch_dims)
-    if expected is not None:
-        _check_params(specs, expected, where)
+    if expected is not None:  # the model's parameters, each against its entry, and none missing
+        for name, (shape, dtype) in expected.items():
+            _check_entry(entries.get(name), name, shape, dtype, None, where)
+        for name in entries:
+            if name not in expected:
+                raise ValueError(f"{where} has state for parameter {name!r}, which the model lacks")
+    specs = {name: _check_entry(entry, name, None, None, None, where) for name, entry in entries.items()}
     device = torch.device("cpu" if device is None else device)
     values = {name: torch.empty(shape, dtype=dtype, device=device) for name, (shape, dtype, _) in specs.items()}
     batch_dims = {name: b for name, (_, _, b) in specs.items() if b}
@@ -380,21 +381,6 @@ def _check_nothing_else(entries: Mapping, expected: Mapping, where: str, path: s
             raise ValueError(f"{where}: unexpected entry {path + str(key)!r}")
         if isinstance(value, Mapping) and isinstance(expected[key], Mapping):
             _check_nothing_else(value, expected[key], where, f"{path}{key}/")
-
-
-def _check_params(saved: Mapping, expected: Mapping, where: str) -> None:
-    """Raise on the first parameter that the model and the checkpoint disagree on."""
-    for name, (shape, dtype) in expected.items():
-        if name not in saved:
-            raise ValueError(f"{where} has no state for parameter {name!r}")
-        saved_shape, saved_dtype, _ = saved[name]
-        if shape != saved_shape:
-            raise ValueError(f"{where}: parameter {name!r} has shape {shape} but {saved_shape} in the checkpoint")
-        if dtype != saved_dtype:
-            raise ValueError(f"{where}: parameter {name!r} has dtype {dtype} but {saved_dtype} in the checkpoint")
-    for name in saved:
-        if name not in expected:
-            raise ValueError(f"{where} has state for parameter {name!r}, which the model lacks")
 
 
 def _check_config(saved: DashConfig, expected: DashConfig, where: str) -> None:

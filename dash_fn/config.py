@@ -13,7 +13,7 @@ from dataclasses import dataclass
 SOLVERS = ("eigh", "cn", "ndb", "chebyshev", "auto")
 SCALINGS = ("fro", "pi", "pim")
 EIGH_HEURISTICS = ("shampoo", "abs", "abs_add", "relu")
-GRAFTINGS = ("adam", "adagrad")
+GRAFTINGS = ("adam", "adagrad", "rms")
 ONE_DIM = ("adamw", "shampoo")
 REFRESH_SCHEDULES = ("staggered", "periodic")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -52,6 +52,14 @@ class DashConfig:
         ``eps`` = 1e-10, >= 0: eigh, CN and NDB invert ``X + eps I``.
         ``eigh_heuristic`` = "shampoo": "shampoo", "abs", "abs_add" or "relu", eigh's map
             from eigenvalues to the inverted spectrum (5.1).
+        ``eps_rel`` = 0.0, in [0, 1): a floor relative to each factor's spectrum (5.6). eigh
+            takes a pseudo-inverse root: eigenvalues at or below ``eps_rel * lambda_max`` map to
+            0 (as a thin block's diagonal factor); CN and NDB invert ``X + eps I + eps_rel
+            lambda_hat I``, lambda_hat the scale's own estimate of lambda_max. Chebyshev has its
+            relative shift already (``cheb_eps``) and refuses it.
+        ``root_order`` = 4, int >= 1: p of a matrix block's roots, each side preconditioned by
+            ``X^{-1/p}`` (a thin block's diagonal side too); one-sided vector segments keep p = 2.
+            eigh, CN and Chebyshev take any p, NDB a power of two (5.6).
         ``cn_tol`` = 1e-6, > 0, and ``cn_masking`` = True: a CN block stops changing once
             max|M - I| < cn_tol (fixed trip count, no host sync).
         ``ndb_tol`` = 1e-6, > 0, and ``ndb_masking`` = False: the same for NDB, on max|ZY - I|.
@@ -75,8 +83,16 @@ class DashConfig:
         ``beta_G`` = 0.9, in [0, 1): gradient EMA; 0 uses the raw gradient (and keeps no EMA).
         ``beta_LR`` = 0.95, in [0, 1]: factor EMA; 1 sums the factors (AdaGrad-style).
         ``beta_graft`` = 0.95, in [0, 1): second-moment EMA of Adam grafting.
-        ``grafting`` = "adam": "adam" (EMA) or "adagrad" (sum) second moment.
+        ``grafting`` = "adam": each block's direction takes the norm of the Adam direction
+            with an EMA ("adam") or a sum ("adagrad") as second moment, or ("rms") a fixed
+            per-entry RMS ``graft_rms``, as Muon's ``match_rms_adamw`` does for a whole matrix
+            (4 g; the moment is then kept as under "adam", for the direction before a block's
+            first root and for thin blocks' diagonals).
+        ``graft_rms`` = 0.2, > 0: the RMS of every block's direction under ``grafting="rms"``.
         ``eps_graft`` = 1e-8, > 0: eps of the Adam direction whose norm is grafted.
+        ``nesterov_G`` = False: precondition Nesterov's look-ahead of the gradient EMA,
+            ``beta_G * Gt_hat + (1 - beta_G) G`` (Gt_hat bias-corrected), instead of the EMA
+            itself (4 e; Muon's momentum form). Needs beta_G > 0.
         ``bias_correction`` = True: bias-correct the gradient EMA and the grafting moment.
         ``mu`` = 0.0, in [0, 1): momentum on the grafted directions (0: none, no state).
         ``nesterov`` = True: Nesterov form of that momentum.
@@ -136,6 +152,8 @@ class DashConfig:
     start_prec_step: float = 1  # an int >= 1, or math.inf for "never precondition"
     eps: float = 1e-10
     eigh_heuristic: str = "shampoo"
+    eps_rel: float = 0.0
+    root_order: int = 4
     cn_tol: float = 1e-6
     cn_masking: bool = True
     ndb_tol: float = 1e-6
@@ -153,7 +171,9 @@ class DashConfig:
     beta_LR: float = 0.95
     beta_graft: float = 0.95
     grafting: str = "adam"
+    graft_rms: float = 0.2
     eps_graft: float = 1e-8
+    nesterov_G: bool = False
     bias_correction: bool = True
     mu: float = 0.0
     nesterov: bool = True
@@ -180,6 +200,7 @@ class DashConfig:
         _check_int(self, "pi_steps", 1)
         _check_int(self, "pim_vectors", 1)
         _check_int(self, "scaling_seed", 0)
+        _check_int(self, "root_order", 1)
         s = self.start_prec_step
         if not (s == math.inf or (_is_int(s) and s >= 1)):
             raise ValueError(f"DashConfig.start_prec_step must be an integer >= 1 or math.inf, got {s!r}")
@@ -202,16 +223,19 @@ class DashConfig:
             _check_float(self, name, 0.0, math.inf, "[0, inf)")
         if self.weight_decay_1d is not None:
             _check_float(self, "weight_decay_1d", 0.0, math.inf, "[0, inf) or None")
-        for name in ("cn_tol", "ndb_tol", "cheb_eps", "scaling_const", "eps_graft", "adamw_eps"):
+        for name in ("cn_tol", "ndb_tol", "cheb_eps", "scaling_const", "graft_rms", "eps_graft", "adamw_eps"):
             _check_float(self, name, 0.0, math.inf, "(0, inf)", low_open=True)
-        for name in ("beta_G", "beta_graft", "adamw_beta1", "adamw_beta2"):
+        for name in ("beta_G", "beta_graft", "adamw_beta1", "adamw_beta2", "eps_rel"):
             _check_float(self, name, 0.0, 1.0, "[0, 1)", high_open=True)
         _check_float(self, "beta_LR", 0.0, 1.0, "[0, 1]")
         if self.mu >= 1.0:
             raise ValueError(f"DashConfig.mu must be in [0, 1), got {self.mu!r}")
-        for name in ("cn_masking", "ndb_masking", "bias_correction", "nesterov", "skip_nonfinite"):
+        for name in ("cn_masking", "ndb_masking", "bias_correction", "nesterov", "nesterov_G", "skip_nonfinite"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"DashConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        if self.nesterov_G and self.beta_G == 0:
+            raise ValueError("DashConfig.nesterov_G needs a gradient EMA to look ahead of: set beta_G > 0")
+        check_solver_options(self, self.solver)
 
     def replace(self, **changes) -> DashConfig:
         """A copy with some fields changed (validated again)."""
@@ -238,6 +262,23 @@ class DashConfig:
                 **changes,
             }
         )
+
+
+def check_solver_options(config: DashConfig, solver: str) -> None:
+    """Raise ValueError where ``solver`` (as resolved) cannot serve the config's root_order or
+    eps_rel ("auto" is checked once the device picks it)."""
+    problem = _unsupported(config, solver)
+    if problem is not None:
+        raise ValueError(f"DashConfig: {problem}")
+
+
+def _unsupported(config: DashConfig, solver: str) -> str | None:
+    p = config.root_order
+    if solver == "ndb" and (p < 2 or p & (p - 1)):
+        return f"solver 'ndb' takes roots of a power-of-two order (>= 2), not root_order={p}; use eigh, cn or chebyshev"
+    if solver == "chebyshev" and config.eps_rel > 0:
+        return "solver 'chebyshev' shifts relative to its scale already (cheb_eps); eps_rel must be 0 with it"
+    return None
 
 
 def _is_int(value) -> bool:

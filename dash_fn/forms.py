@@ -90,14 +90,17 @@ class DeviceForms:
         # squares as G * G, not addcmul: AOTAutograd decomposes addcmul into an fma, which rounds
         # otherwise, and the compiled step would not give eager's bits; a narrow A or Gt is
         # updated in the state dtype and rounded when stored (dash_fn.storage)
-        if config.grafting == "adam":
-            A = ema_(entry["A"], guard.decay(config.beta_graft, dtype), G * G, 1 - config.beta_graft)
-        else:
+        if config.grafting == "adagrad":
             A = ema_(entry["A"], 1.0, G * G, 1.0)
+        else:
+            A = ema_(entry["A"], guard.decay(config.beta_graft, dtype), G * G, 1 - config.beta_graft)
         Gt, cG = G, None
         if config.beta_G > 0:
             decay = guard.decay(config.beta_G, dtype)
             Gt, cG = ema_(entry["Gt"], decay, guard.masked(G, -0.0), 1 - config.beta_G), corrections["G"]
+        if config.nesterov_G:  # the look-ahead beta Gt_hat + (1 - beta) G, bias-corrected already
+            Gt = torch.add((Gt if cG is None else Gt / cG) * config.beta_G, G, alpha=1 - config.beta_G)
+            cG = None
         # D = (Gt / cG) / (sqrt(A) / sqrt(cA) + eps), op for op, in place on its two temporaries
         denom = A.sqrt()
         if corrections["A"] is not None:
@@ -225,15 +228,15 @@ def products_bounded(vectors: Sequence[torch.Tensor], blocks: Sequence[torch.Ten
 
 
 def fused_adam_applies(config: DashConfig, entry, G: torch.Tensor) -> bool:
-    """Whether the fused Adam kernel serves this group: Adam grafting with a gradient EMA and
-    bias correction (the defaults), blocks of whole 64-byte vectors, contiguous state in the
-    state dtype.
+    """Whether the fused Adam kernel serves this group: an EMA grafting moment, a gradient EMA
+    (without Nesterov's look-ahead) and bias correction (the defaults), blocks of whole 64-byte
+    vectors, contiguous state in the state dtype.
 
     The kernel walks its tensors as flat arrays in vectors of 64 bytes with scalar code for the
     rest, which rounds differently: with whole vectors per block every entry takes the vector
     path wherever its block sits, so a rank holding part of the stack gets the bits of one
     process. The choice depends on the block shape only, never on the layout."""
-    if not (config.grafting == "adam" and config.beta_G > 0 and config.bias_correction):
+    if config.grafting == "adagrad" or config.nesterov_G or not (config.beta_G > 0 and config.bias_correction):
         return False
     block_entries = G.shape[-2] * G.shape[-1]
     whole_vectors = aligned_width(block_entries, G.dtype) == block_entries

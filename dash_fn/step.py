@@ -20,6 +20,7 @@ from .inputs import check_step_inputs, flatten, order_like_plan, rebuild
 from .plan import ADAMW, EMPTY, SEGMENTS, Plan
 from .roots import refresh_roots
 from .roots.matmul import stacked_matmul
+from .roots.scaling import root
 from .schedule import SCHEDULE_KEY, due_slice, has_root, is_refresh_step, periodic_due
 from .strategy import for_device
 
@@ -145,7 +146,7 @@ def _bias_corrections(config: DashConfig, plan: Plan, t: torch.Tensor) -> dict:
     wanted = {}
     if config.bias_correction and config.beta_G > 0:
         wanted["G"] = (config.beta_G, False)
-    if config.bias_correction and config.grafting == "adam":
+    if config.bias_correction and config.grafting != "adagrad":
         wanted["A"] = (config.beta_graft, True)
     if plan.adamw_numel:
         wanted["m"], wanted["v"] = (config.adamw_beta1, False), (config.adamw_beta2, True)
@@ -203,7 +204,8 @@ def _refresh_stack(ctx: _Step, k: int) -> None:
     """Every root of factor stack ``k`` from its factors (a skipped step's: unchanged)."""
     entry, stack, dtype = ctx.state["factors", str(k)], ctx.local.factors[k], ctx.local.dtype
     F, old = entry["F"].to(dtype), entry["Fbar"].to(dtype)
-    roots, fell_back = refresh_roots(F, old, stack.order, ctx.config, _start_vectors(ctx, stack), ctx.forms.strategy)
+    p = _root_order(ctx.config, stack.order)
+    roots, fell_back = refresh_roots(F, old, p, ctx.config, _start_vectors(ctx, stack), ctx.forms.strategy)
     entry["Fbar"].copy_(roots)
     entry["fallbacks"].add_(fell_back)
 
@@ -223,11 +225,18 @@ def _refresh_slice(ctx: _Step, k: int) -> None:
         return
     old = entry["Fbar"].index_select(0, solved).to(dtype)
     F = entry["F"].index_select(0, solved).to(dtype)
-    roots, fell_back = refresh_roots(F, old, stack.order, ctx.config, _start_vectors(ctx, stack), ctx.forms.strategy)
+    p = _root_order(ctx.config, stack.order)
+    roots, fell_back = refresh_roots(F, old, p, ctx.config, _start_vectors(ctx, stack), ctx.forms.strategy)
     roots = ctx.forms.select(due[:, None, None], roots, old)
     entry["Fbar"].index_copy_(0, solved, roots.to(entry["Fbar"].dtype))
     fallbacks = entry["fallbacks"]
     fallbacks.index_copy_(0, solved, fallbacks.index_select(0, solved) + (fell_back & due))
+
+
+def _root_order(config: DashConfig, order: int) -> int:
+    """p of a stack's roots: the config's ``root_order`` for matrix blocks (the plan's order 4),
+    2 for one-sided segments."""
+    return config.root_order if order == 4 else order
 
 
 def _start_vectors(ctx: _Step, stack) -> torch.Tensor | None:
@@ -237,12 +246,18 @@ def _start_vectors(ctx: _Step, stack) -> torch.Tensor | None:
 
 def _direction(ctx: _Step, g: int, Gt: torch.Tensor, D: torch.Tensor) -> torch.Tensor:
     """For t >= s the grafted Shampoo direction (g) from the gradient EMA ``Gt`` and the Adam
-    direction ``D`` (staggered: from each block's first refresh on); before, ``D``."""
+    direction ``D`` (staggered: from each block's first refresh on); before, ``D``. Under
+    ``grafting="rms"`` either has the norm ``graft_rms sqrt(rows cols)``, a fixed RMS."""
     config, local = ctx.config, ctx.local
+    group = local.groups[g]
+    if config.grafting == "rms":
+        graft = config.graft_rms * math.sqrt(group.rows * group.cols)
+        D = D.mul_(graft / (ctx.forms.block_norm(D) + 1e-16))  # D: this step's own temporary
+    else:
+        graft = torch.linalg.vector_norm(D, dim=(-2, -1), keepdim=True)
     s = config.start_prec_step
     if s == math.inf:
         return D
-    group = local.groups[g]
 
     def roots(side):  # widened to the state dtype (dash_fn.storage)
         return ctx.state["factors", str(side.stack), "Fbar"][side.offset : side.offset + group.count].to(local.dtype)
@@ -253,8 +268,8 @@ def _direction(ctx: _Step, g: int, Gt: torch.Tensor, D: torch.Tensor) -> torch.T
     if group.right is not None:
         U = stacked_matmul(U, roots(group.right))
     if group.diagonal_dim is not None:  # a thin block's long side (docs/ALGORITHM.md 2.5)
-        U = U * _diagonal_root(ctx.state["groups", str(g), "A"].to(local.dtype), group.diagonal_dim, config.eps)
-    graft = torch.linalg.vector_norm(D, dim=(-2, -1), keepdim=True)
+        A = ctx.state["groups", str(g), "A"].to(local.dtype)
+        U = U * _diagonal_root(A, group.diagonal_dim, config.root_order, config.eps, config.eps_rel)
     P = U.mul_(graft / (ctx.forms.block_norm(U) + 1e-16))  # U: this step's own product
     if config.refresh_schedule == "staggered":  # a block's Adam direction until its first refresh
         side = group.factor_sides[0]
@@ -263,15 +278,17 @@ def _direction(ctx: _Step, g: int, Gt: torch.Tensor, D: torch.Tensor) -> torch.T
     return P if s == 1 else torch.where(ctx.t >= s, P, D)
 
 
-def _diagonal_root(A: torch.Tensor, dim: int, eps: float) -> torch.Tensor:
-    """``(d + eps)^(-1/4)`` of the long side's diagonal factor d: the grafting moment summed
+def _diagonal_root(A: torch.Tensor, dim: int, p: int, eps: float, eps_rel: float) -> torch.Tensor:
+    """``(d + eps)^(-1/p)`` of the long side's diagonal factor d: the grafting moment summed
     over ``dim``, which is diag(G G^T)'s EMA (tall blocks; diag(G^T G)'s for wide ones) at the
-    grafting moment's decay; 0 where d = 0 (a row that never had a gradient gets no update)."""
+    grafting moment's decay; 0 where ``d <= eps_rel max(d)`` (the relative floor on the
+    diagonal's eigenvalues; at eps_rel = 0, a row that never had a gradient gets no update)."""
     d = A.sum(dim, keepdim=True)
-    # two square roots and a division, each correctly rounded, not pow: torch's CPU kernels take
-    # pow in vector code but a loop's tail in scalar code, which round differently, so a block's
-    # root would depend on how many blocks its stack holds (DDP ranks hold fewer)
-    return torch.where(d > 0, (d + eps).sqrt().sqrt().reciprocal(), torch.zeros_like(d))
+    floor = eps_rel * d.amax(dim=(-2, -1), keepdim=True) if eps_rel > 0 else 0.0
+    # for p a power of two, square roots and a division, each correctly rounded, not pow:
+    # torch's CPU kernels take pow in vector code but a loop's tail in scalar code, which round
+    # differently, so a block's root would depend on how many blocks its stack holds
+    return torch.where(d > floor, root(d + eps, p).reciprocal(), torch.zeros_like(d))
 
 
 def _momentum(ctx: _Step, M: torch.Tensor, P: torch.Tensor) -> torch.Tensor:

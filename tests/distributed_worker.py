@@ -55,6 +55,12 @@ SCENARIOS["storage"] = (  # every kind kept in 16 bits (dash_fn.storage)
     lambda: mixed_params(),
     dash_fn.DashConfig(block_size=8, solver="ndb", **dict.fromkeys(dash_fn.config.STORAGE_FIELDS, "bfloat16")),
 )
+SCENARIOS["update_rules"] = (  # every option of docs/ALGORITHM.md 4 e, 4 g, 5.6; thin blocks at B = 24
+    lambda: mixed_params(),
+    dash_fn.DashConfig(
+        block_size=24, solver="eigh", grafting="rms", nesterov_G=True, eps_rel=1e-4, root_order=3, mu=0.5
+    ),
+)
 BATCH_DIMS = {"moe": {"experts": 1}}  # five experts, each its own matrix
 SCENARIOS["skips"] = (lambda: mixed_params(), dash_fn.DashConfig(block_size=8, solver="eigh", inv_root_freq=2, mu=0.5))
 

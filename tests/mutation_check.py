@@ -58,8 +58,8 @@ MUTATIONS = [
     Mutation(
         "thin: the long side's diagonal root of order 2",
         "dash_fn/step.py",
-        "(d + eps).sqrt().sqrt().reciprocal()",
-        "(d + eps).sqrt().reciprocal()",
+        "root(d + eps, p).reciprocal()",
+        "root(d + eps, 2).reciprocal()",
         ("tests/test_thin.py", "-k", "reference"),
     ),
     Mutation(
@@ -411,6 +411,55 @@ MUTATIONS = [
         " and bool(libc.mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))",
         "",
         ("tests/test_cpu_memory.py",),
+    ),
+    Mutation(
+        "update rules: rms grafting's norm from rows + cols",
+        "dash_fn/step.py",
+        "graft = config.graft_rms * math.sqrt(group.rows * group.cols)",
+        "graft = config.graft_rms * math.sqrt(group.rows + group.cols)",
+        ("tests/test_update_rules.py", "-k", "rms"),
+    ),
+    Mutation(
+        "update rules: rms grafting's moment summed as AdaGrad's",
+        "dash_fn/forms.py",
+        'if config.grafting == "adagrad":',
+        'if config.grafting != "adam":',
+        ("tests/test_reference_agreement.py", "-k", "rms"),
+    ),
+    Mutation(
+        "update rules: Nesterov's look-ahead of the uncorrected gradient EMA",
+        "dash_fn/forms.py",
+        "Gt = torch.add((Gt if cG is None else Gt / cG) * config.beta_G, G, alpha=1 - config.beta_G)",
+        "Gt = torch.add(Gt * config.beta_G, G, alpha=1 - config.beta_G)",
+        ("tests/test_reference_agreement.py", "-k", "nesterov"),
+    ),
+    Mutation(
+        "update rules: eigh's floor absolute, not relative to lambda_max",
+        "dash_fn/roots/eigh.py",
+        "floor = eps_rel * lam.amax(dim=-1, keepdim=True)",
+        "floor = eps_rel",
+        ("tests/test_update_rules.py", "-k", "pseudo_inverse"),
+    ),
+    Mutation(
+        "update rules: the Newton solvers damped by the scale, not by its lambda_max estimate",
+        "dash_fn/roots/scaling.py",
+        'lambda_hat = s if config.scaling == "fro" else s / config.scaling_const',
+        "lambda_hat = s",
+        ("tests/test_update_rules.py", "-k", "newton"),
+    ),
+    Mutation(
+        "update rules: root_order ignored by the refresh",
+        "dash_fn/step.py",
+        "return config.root_order if order == 4 else order",
+        "return order",
+        ("tests/test_reference_agreement.py", "-k", "order3"),
+    ),
+    Mutation(
+        "update rules: a thin block's diagonal root of order 4 whatever root_order",
+        "dash_fn/step.py",
+        "root(d + eps, p).reciprocal()",
+        "root(d + eps, 4).reciprocal()",
+        ("tests/test_reference_agreement.py", "-k", "order3"),
     ),
 ]
 

@@ -4,8 +4,11 @@ Written independently of dash_fn's code: no stacking, no shared helpers; loops o
 and blocks, one small dict of state per block, everything in float64. Only the DashConfig
 (plain data) is shared. Root solvers: eigh with the four heuristics. Storage dtypes: each kept
 kind is rounded to its dtype whenever it is assigned (and used as rounded). Thin blocks (long
-side >= thin_ratio x short side) keep a full factor on their short side only (p = 4) and scale
-their long side by (d + eps)^(-1/4), d the grafting moment's sums along the short side.
+side >= thin_ratio x short side) keep a full factor on their short side only (p = root_order) and
+scale their long side by (d + eps)^(-1/p), d the grafting moment's sums along the short side.
+Relative floor (eps_rel): eigenvalues (or diagonal entries) at or below eps_rel x the largest get
+an inverse root of 0. grafting="rms": every block's direction has RMS graft_rms. nesterov_G: the
+gradient EMA is replaced by the look-ahead beta_G Gt_hat + (1 - beta_G) G wherever it is used.
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ import torch
 f64 = torch.float64
 
 
-def eigh_root(X: torch.Tensor, p: int, eps: float, heuristic: str) -> torch.Tensor:
-    """Inverse p-th root of one symmetric block, docs/ALGORITHM.md 5.1."""
+def eigh_root(X: torch.Tensor, p: int, eps: float, heuristic: str, eps_rel: float = 0.0) -> torch.Tensor:
+    """Inverse p-th root of one symmetric block, docs/ALGORITHM.md 5.1 (5.6 for eps_rel)."""
     n = X.shape[0]
     mu, Q = torch.linalg.eigh(X + eps * torch.eye(n, dtype=f64))
     lam = mu - eps
@@ -29,6 +32,11 @@ def eigh_root(X: torch.Tensor, p: int, eps: float, heuristic: str) -> torch.Tens
         scale = (lam.abs() + eps) ** (-1.0 / p)
     elif heuristic == "relu":
         scale = torch.tensor([0.0 if l < eps else float(m) ** (-1.0 / p) for l, m in zip(lam, mu)], dtype=f64)
+    if eps_rel > 0:
+        top = float(lam.max())
+        scale = torch.tensor(
+            [0.0 if l <= eps_rel * top else x for l, x in zip(lam.tolist(), scale.tolist())], dtype=f64
+        )
     return Q @ torch.diag(scale) @ Q.T
 
 
@@ -40,7 +48,7 @@ class ReferenceDash:
     def __init__(self, params: dict, config, root=None):
         self.c = config
         self.t = 0
-        self.root = root or (lambda X, p: eigh_root(X, p, config.eps, config.eigh_heuristic))
+        self.root = root or (lambda X, p: eigh_root(X, p, config.eps, config.eigh_heuristic, config.eps_rel))
         self.state = {}
         for name, W in params.items():
             squeezed = [d for d in W.shape if d != 1]
@@ -90,12 +98,12 @@ class ReferenceDash:
 
     def _thin(self, r: int, c: int) -> tuple[bool, bool, int, str | None]:
         """(full left factor?, full right factor?, p, the diagonal side) of an r x c matrix block."""
-        ratio = self.c.thin_ratio
+        ratio, p = self.c.thin_ratio, self.c.root_order
         if r >= ratio * c:
-            return False, True, 4, "rows"
+            return False, True, p, "rows"
         if c >= ratio * r:
-            return True, False, 4, "cols"
-        return True, True, 4, None
+            return True, False, p, "cols"
+        return True, True, p, None
 
     @staticmethod
     def _new_block(r, c, where, left, right, p, diagonal=None):
@@ -116,8 +124,9 @@ class ReferenceDash:
         return b
 
     def diagonal_root(self, d: torch.Tensor) -> torch.Tensor:
-        """(d + eps)^(-1/4) entrywise, 0 where d = 0."""
-        return torch.tensor([0.0 if x == 0 else (x + self.c.eps) ** -0.25 for x in d.tolist()], dtype=f64)
+        """(d + eps)^(-1/p) entrywise, 0 where d <= eps_rel max(d) (where d = 0 at eps_rel = 0)."""
+        floor, p = self.c.eps_rel * float(d.max()), self.c.root_order
+        return torch.tensor([0.0 if x <= floor else (x + self.c.eps) ** (-1.0 / p) for x in d.tolist()], dtype=f64)
 
     def keep(self, field: str, x: torch.Tensor) -> torch.Tensor:
         """``x`` as stored under the config's storage dtype ``field`` (None: as it is)."""
@@ -180,7 +189,7 @@ class ReferenceDash:
                     decay = c.beta_LR if c.beta_LR < 1 else 1.0
                     weight = 1 - c.beta_LR if c.beta_LR < 1 else 1.0
                     blk[k] = self.keep("factor_dtype", decay * blk[k] + weight * products[k])
-                if c.grafting == "adam":
+                if c.grafting in ("adam", "rms"):
                     blk["A"] = self.keep("graft_dtype", c.beta_graft * blk["A"] + (1 - c.beta_graft) * G * G)
                     cA = 1 - c.beta_graft**t if c.bias_correction else 1.0
                 else:
@@ -195,12 +204,19 @@ class ReferenceDash:
                 else:
                     blk["Gt"] = G
                     cG = 1.0
-                D = (blk["Gt"] / cG) / (c.eps_graft + (blk["A"] / cA).sqrt())
-                n = torch.linalg.norm(D)
+                momentum = blk["Gt"]
+                if c.nesterov_G:
+                    momentum, cG = c.beta_G * blk["Gt"] / cG + (1 - c.beta_G) * G, 1.0
+                D = (momentum / cG) / (c.eps_graft + (blk["A"] / cA).sqrt())
+                if c.grafting == "rms":
+                    n = c.graft_rms * D.numel() ** 0.5
+                    D = n * D / (torch.linalg.norm(D) + 1e-16)
+                else:
+                    n = torch.linalg.norm(D)
                 if not self.preconditioned(t, blk):
                     P = D
                 else:
-                    U = blk["Gt"]
+                    U = momentum
                     if "L" in blk:
                         U = blk["Lbar"] @ U
                     if "R" in blk:

@@ -165,6 +165,7 @@ SCENARIOS = [
     "compiled",
     "staggered",
     "storage",
+    "update_rules",
 ]
 
 

@@ -30,6 +30,16 @@ CONFIGS = {
         solver="eigh", inv_root_freq=1, one_dim="shampoo", weight_decay=0.1, weight_decay_1d=0.03
     ),
     "adagrad-with-gradient-ema": dict(solver="eigh", inv_root_freq=1, grafting="adagrad", beta_G=0.9, mu=0.2),
+    # the step-size, damping, momentum and exponent options (docs/ALGORITHM.md 4 e, 4 g, 5.6)
+    "rms-nesterov-G-order3": dict(
+        solver="eigh", inv_root_freq=2, grafting="rms", graft_rms=0.3, nesterov_G=True, root_order=3
+    ),
+    "relative-floor-order2-late-start": dict(
+        solver="eigh", inv_root_freq=1, eps_rel=1e-3, root_order=2, start_prec_step=3, grafting="rms"
+    ),
+    "nesterov-G-nobc-floor-momentum": dict(
+        solver="eigh", inv_root_freq=3, nesterov_G=True, bias_correction=False, eps_rel=1e-2, mu=0.5, beta_G=0.95
+    ),
 }
 
 
@@ -135,6 +145,34 @@ def test_matmul_solvers_inside_step_match_the_eigh_reference(solver, scaling):
     params, ref_params = run_both(config, torch.float64, steps=8)
     errs = max_relative_error(params, ref_params)
     assert max(errs.values()) < 1e-7, errs
+
+
+@pytest.mark.parametrize("solver", ["ndb", "cn"])
+def test_relative_damping_of_the_newton_solvers_matches_the_shifted_eigh_root(solver):
+    """Under fro scaling the Newton solvers' relative floor inverts ``X + eps I + eps_rel
+    ||X + eps I||_F I`` (docs/ALGORITHM.md 5.6); the reference gets that root by eigh."""
+    config = dash_fn.DashConfig(
+        block_size=24, solver=solver, scaling="fro", eps=1e-6, eps_rel=1e-2, newton_steps=40, inv_root_freq=2
+    )
+    config = config.replace(cn_tol=1e-14, ndb_tol=1e-14)
+
+    def damped_root(X, p):
+        identity = torch.eye(X.shape[0], dtype=X.dtype)
+        Xr = X + config.eps * identity
+        mu, Q = torch.linalg.eigh(Xr + config.eps_rel * torch.linalg.norm(Xr) * identity)
+        return Q @ torch.diag(mu ** (-1.0 / p)) @ Q.T
+
+    params = mixed_params(torch.float64)
+    state = dash_fn.init(params, config)
+    ref = ReferenceDash(mixed_params(torch.float64), config, root=damped_root)
+    ref_params = mixed_params(torch.float64)
+    for t in range(1, 7):
+        params, state = dash_fn.step(
+            params, random_grads(params, t), state, lr=0.01, refresh=dash_fn.is_refresh_step(config, t)
+        )
+        ref_params = ref.step(ref_params, random_grads(ref_params, t), 0.01)
+    errs = max_relative_error(params, ref_params)
+    assert max(errs.values()) < 1e-9, errs
 
 
 def test_chebyshev_inside_step_matches_the_shifted_eigh_root():

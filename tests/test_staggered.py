@@ -45,6 +45,9 @@ ORACLE_CONFIGS = {
     "f4-s3-momentum-decay": dict(inv_root_freq=4, start_prec_step=3, eps=1e-3, mu=0.5, weight_decay=0.1),
     "f5-shampoo-vectors-adagrad": dict(inv_root_freq=5, eps=1e-3, one_dim="shampoo", grafting="adagrad", beta_G=0.0),
     "f1-every-root-every-step": dict(inv_root_freq=1, eps=1e-3),
+    "f3-rms-nesterov-G-floor-order3": dict(
+        inv_root_freq=3, eps=1e-3, grafting="rms", nesterov_G=True, eps_rel=1e-3, root_order=3
+    ),
 }
 
 

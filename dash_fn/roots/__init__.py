@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..config import DashConfig
+from ..config import DashConfig, check_solver_options
 from ..strategy import CPU, Strategy, for_device
 from .chebyshev import chebyshev_inverse_root
 from .cn import cn_inverse_root
@@ -28,7 +28,9 @@ from .ndb import ndb_inverse_root
 # solver name -> fn(X, p, config, start_vectors) -> X^{-1/p}, the device forms
 Solver = Callable[[torch.Tensor, int, DashConfig, "torch.Tensor | None"], torch.Tensor]
 SOLVERS: dict[str, Solver] = {
-    "eigh": lambda X, p, config, V0: eigh_inverse_root(X, p, eps=config.eps, heuristic=config.eigh_heuristic),
+    "eigh": lambda X, p, config, V0: eigh_inverse_root(
+        X, p, eps=config.eps, heuristic=config.eigh_heuristic, eps_rel=config.eps_rel
+    ),
     "cn": cn_inverse_root,
     "ndb": ndb_inverse_root,
     "chebyshev": chebyshev_inverse_root,
@@ -45,7 +47,9 @@ def resolve_solver(config: DashConfig, strategy: Strategy) -> str:
 
 
 def prepare(config: DashConfig, strategy: Strategy) -> None:
-    """Start what the solver's form needs before a step runs: the CPU eigh op's threads."""
+    """Check that the solver ``auto`` picks serves the config (:func:`check_solver_options`) and
+    start what the solver's form needs before a step runs: the CPU eigh op's threads."""
+    check_solver_options(config, resolve_solver(config, strategy))
     if resolve_solver(config, strategy) == "eigh" and strategy.cpu_ops:
         start_workers()
 
@@ -54,7 +58,7 @@ def solve(solver: str, X: torch.Tensor, p: int, config: DashConfig, start, strat
     """``X^{-1/p}`` of a stack by the named solver, in the strategy's form (eigh: the CPU's
     threaded op where its ops serve, :mod:`dash_fn.roots.eigh_cpu`)."""
     if solver == "eigh" and strategy.cpu_ops:
-        return eigh_root(X, p, config.eps, config.eigh_heuristic)
+        return eigh_root(X, p, config.eps, config.eigh_heuristic, config.eps_rel)
     return SOLVERS[solver](X, p, config, start)
 
 
@@ -142,9 +146,9 @@ def refresh_roots(
     strategy = strategy or for_device(factors.device)
     solver = resolve_solver(config, strategy)
     if solver == "eigh" and strategy.cpu_ops and not strategy.host_reads:
-        # eps as a tensor: a compiled step that met another eps before gets it as a symbolic
-        # float, which the op's float argument cannot take
-        eps = torch.full((), config.eps, dtype=torch.float64)
+        # eps and eps_rel as a tensor: a compiled step that met other values before gets them
+        # as symbolic floats, which the op's float arguments cannot take
+        eps = torch.tensor([config.eps, config.eps_rel], dtype=torch.float64)
         return _traced_cpu_eigh_refresh(factors, roots, p, eps, config.eigh_heuristic)
     count, size = factors.shape[0], factors.shape[-1]
     chunk = chunk_blocks(count, size * size * factors.element_size(), solver)
@@ -193,7 +197,7 @@ def _traced_cpu_eigh_refresh(
     CPU) and, with every factor finite, solves the whole stack at once with no substitution,
     selection or chunking, where a graph must run the masked form. Same bits: each block's
     root does not depend on them."""
-    config = DashConfig(solver="eigh", eps=eps.item(), eigh_heuristic=heuristic)
+    config = DashConfig(solver="eigh", eps=eps[0].item(), eps_rel=eps[1].item(), eigh_heuristic=heuristic)
     return refresh_roots(factors, roots, p, config, None, CPU)
 
 

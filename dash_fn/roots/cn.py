@@ -33,7 +33,7 @@ from ..config import DashConfig
 from .identity import identity_matrix, shifted
 from .masking import diverging, flag_diverged, residual, select
 from .matmul import rounded_matmul, stacked_matmul
-from .scaling import matrix_scale, root
+from .scaling import matrix_scale, relatively_damped, root
 
 Product = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Trace = Callable[[int, torch.Tensor, torch.Tensor], None]
@@ -91,9 +91,9 @@ def coupled_newton(
 
 def cn_inverse_root(X: torch.Tensor, p: int, config: DashConfig, start: torch.Tensor | None) -> torch.Tensor:
     """``(X + eps I)^{-1/p}`` per block by coupled Newton with ``config.newton_steps`` iterations
-    (NaN for blocks that diverged)."""
+    (NaN for blocks that diverged); with ``eps_rel``, of ``X + eps I`` relatively damped."""
     Xr = shifted(X, config.eps)
-    s = matrix_scale(Xr, config, start)
+    Xr, s = relatively_damped(Xr, matrix_scale(Xr, config, start), config)
 
     def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return rounded_matmul(a, b, config.matmul_dtype)

@@ -9,7 +9,7 @@ from .matmul import aligned_width
 from .scaling import root
 
 
-def eigh_inverse_root(X: torch.Tensor, p: int, *, eps: float, heuristic: str) -> torch.Tensor:
+def eigh_inverse_root(X: torch.Tensor, p: int, *, eps: float, heuristic: str, eps_rel: float = 0.0) -> torch.Tensor:
     """``Q diag(d^{-1/p}) Q^T`` for each block of a symmetric (K, b, b) stack.
 
     ``mu, Q = eigh(X + eps I)``; the heuristic maps eigenvalues ``mu`` (lambda = mu - eps) to d:
@@ -20,22 +20,33 @@ def eigh_inverse_root(X: torch.Tensor, p: int, *, eps: float, heuristic: str) ->
     - ``abs_add``: ``d = |lambda| + eps``.
     - ``relu``: a pseudo-inverse root; eigenvalues with ``lambda < eps`` map to 0.
 
+    With ``eps_rel > 0`` every heuristic's root is a pseudo-inverse one: eigenvalues with
+    ``lambda <= eps_rel * lambda_max`` map to 0 (docs/ALGORITHM.md 5.6).
+
     The device form (the accelerator strategy's; the CPU strategies use
     :func:`dash_fn.cpu.eigh_root`). ``torch.linalg.eigh`` reads its error flags on the host:
     one sync per call on a GPU.
     """
     b = X.shape[-1]
     mu, Q = torch.linalg.eigh(pad_aligned(shifted(X, eps)))
-    out = spectral_root(mu, Q, p, eps, heuristic)
+    out = spectral_root(mu, Q, p, eps, heuristic, eps_rel)
     # X's root is the top-left corner
     return out[..., :b, :b].contiguous()
 
 
 def spectral_root(
-    mu: torch.Tensor, Q: torch.Tensor, p: int, eps: float, heuristic: str, out: torch.Tensor | None = None
+    mu: torch.Tensor,
+    Q: torch.Tensor,
+    p: int,
+    eps: float,
+    heuristic: str,
+    eps_rel: float = 0.0,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``Q diag(d^{-1/p}) Q^T`` from eigenpairs ``mu, Q`` of ``X + eps I``, d by the heuristic
-    (written into ``out`` when given)."""
+    """``Q diag(d^{-1/p}) Q^T`` from eigenpairs ``mu, Q`` of ``X + eps I``, d by the heuristic,
+    0 where ``lambda <= eps_rel lambda_max`` if ``eps_rel > 0`` (written into ``out`` when given).
+    A padded block's extra eigenvalue is ``max |X_ii|``, at most lambda_max for PSD X: the
+    floor is X's own."""
     lam = mu - eps
     if heuristic == "shampoo":
         d = mu - torch.clamp(lam.amin(dim=-1, keepdim=True), max=0.0)
@@ -50,6 +61,9 @@ def spectral_root(
     scale = 1 / root(d, p)
     if heuristic == "relu":
         scale = torch.where(lam < eps, torch.zeros_like(scale), scale)
+    if eps_rel > 0:
+        floor = eps_rel * lam.amax(dim=-1, keepdim=True)
+        scale = torch.where(lam <= floor, torch.zeros_like(scale), scale)
     return torch.matmul(Q * scale.unsqueeze(-2), Q.mT, out=out)
 
 

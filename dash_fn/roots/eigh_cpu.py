@@ -64,9 +64,10 @@ def _one_thread() -> None:
 
 
 @torch.library.custom_op("dash_fn::cpu_eigh_root", mutates_args=())
-def eigh_root(X: torch.Tensor, p: int, eps: float, heuristic: str) -> torch.Tensor:
-    """``(X + eps I)^(-1/p)`` of every block of a CPU stack (the module doc says how). An op
-    opaque to torch.compile, so that torch's thread count is read when it runs."""
+def eigh_root(X: torch.Tensor, p: int, eps: float, heuristic: str, eps_rel: float) -> torch.Tensor:
+    """``(X + eps I)^(-1/p)`` (by the heuristic, with the relative floor) of every block of a
+    CPU stack (the module doc says how). An op opaque to torch.compile, so that torch's thread
+    count is read when it runs."""
     out = torch.empty_like(X)
     b = X.shape[-1]
     chunk = max(1, CPU_CHUNK_ELEMENTS // (b * b))
@@ -77,9 +78,9 @@ def eigh_root(X: torch.Tensor, p: int, eps: float, heuristic: str) -> torch.Tens
             padded = pad_aligned(shifted(X[blocks], eps))
             mu, Q = torch.linalg.eigh(padded)
             if padded.shape[-1] == b:
-                spectral_root(mu, Q, p, eps, heuristic, out=out[blocks])
+                spectral_root(mu, Q, p, eps, heuristic, eps_rel, out=out[blocks])
             else:  # X's root is the top-left corner
-                out[blocks] = spectral_root(mu, Q, p, eps, heuristic)[..., :b, :b]
+                out[blocks] = spectral_root(mu, Q, p, eps, heuristic, eps_rel)[..., :b, :b]
 
     threads = min(torch.get_num_threads(), X.shape[0])
     if threads <= 1:
@@ -91,5 +92,5 @@ def eigh_root(X: torch.Tensor, p: int, eps: float, heuristic: str) -> torch.Tens
 
 
 @eigh_root.register_fake
-def _(X: torch.Tensor, p: int, eps: float, heuristic: str) -> torch.Tensor:
+def _(X: torch.Tensor, p: int, eps: float, heuristic: str, eps_rel: float) -> torch.Tensor:
     return torch.empty_like(X)

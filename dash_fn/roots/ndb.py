@@ -36,7 +36,7 @@ from ..config import DashConfig
 from .identity import identity_matrix, shifted
 from .masking import diverging, flag_diverged, residual, select
 from .matmul import rounded_matmul, stacked_matmul
-from .scaling import matrix_scale
+from .scaling import matrix_scale, relatively_damped
 
 Product = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Trace = Callable[[int, torch.Tensor, torch.Tensor], None]
@@ -101,11 +101,13 @@ def ndb_root(
 
 def ndb_inverse_root(X: torch.Tensor, p: int, config: DashConfig, start: torch.Tensor | None) -> torch.Tensor:
     """``(X + eps I)^{-1/p}`` per block by NDB with ``config.newton_steps`` iterations per call
-    (NaN for blocks that diverged); p a power of two."""
+    (NaN for blocks that diverged); p a power of two. With ``eps_rel``, of ``X + eps I``
+    relatively damped."""
     Xr = shifted(X, config.eps)
+    Xr, s = relatively_damped(Xr, matrix_scale(Xr, config, start), config)
 
     def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return rounded_matmul(a, b, config.matmul_dtype)
 
     tol = config.ndb_tol if config.ndb_masking else None
-    return flag_diverged(*ndb_root(Xr, matrix_scale(Xr, config, start), p, config.newton_steps, product, tol))
+    return flag_diverged(*ndb_root(Xr, s, p, config.newton_steps, product, tol))

@@ -21,13 +21,14 @@ from __future__ import annotations
 import torch
 
 from ..config import DashConfig
+from .identity import identity_matrix
 from .matmul import stacked_matmul
 
 SCALE_FLOOR = 1e-30
 
 
 def root(x: torch.Tensor, p: int) -> torch.Tensor:
-    """``x^(1/p)`` elementwise; for p a power of two (every p DASH uses) by repeated square roots.
+    """``x^(1/p)`` elementwise; for p a power of two (every default p) by repeated square roots.
 
     Square roots are correctly rounded in every kernel, while a vectorized ``pow`` and its
     scalar tail round differently: with ``pow`` a block's root would depend on its position in
@@ -109,3 +110,15 @@ def matrix_scale(X: torch.Tensor, config: DashConfig, V0: torch.Tensor | None) -
             raise ValueError(f"scaling={config.scaling!r} needs start vectors (dash_fn.roots.start_vectors)")
         s = power_iteration_scale(Xs, V0, config)
     return s.clamp_min(SCALE_FLOOR).to(X.dtype)
+
+
+def relatively_damped(Xr: torch.Tensor, s: torch.Tensor, config: DashConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(Xr + eps_rel lambda_hat I, s (1 + eps_rel))``: the matmul solvers' relative floor
+    (docs/ALGORITHM.md 5.6). lambda_hat is the scale's own estimate of lambda_max (``s`` under
+    fro, an upper bound; ``s / scaling_const`` under pi and pim), so the shift costs no pass and
+    the new scale stands to the shifted spectrum as the old one to Xr's."""
+    if config.eps_rel == 0:
+        return Xr, s
+    lambda_hat = s if config.scaling == "fro" else s / config.scaling_const
+    identity = identity_matrix(Xr.shape[-1], Xr.dtype, Xr.device)
+    return Xr + (config.eps_rel * lambda_hat) * identity, s * (1 + config.eps_rel)

@@ -1,0 +1,135 @@
+"""The step-size, damping, momentum and exponent options (docs/ALGORITHM.md 4 e, 4 g, 5.6):
+closed forms, their errors, and the accelerator strategy, one compiled graph and checkpoints
+with all of them on. Their agreement with the float64 per-block reference is in
+tests/test_reference_agreement.py and tests/test_staggered.py; DDP and FSDP2 in the workers'
+"update_rules" scenarios."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import dash_fn
+from conftest import mixed_params, random_grads
+from dash_fn.roots import solve, start_vectors
+from dash_fn.strategy import ACCELERATOR, CPU, simulated_accelerator
+from syncs import SyncCounter, inspecting_backend
+
+pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (README, Tests)
+
+# every option on: NDB (the accelerator's solver) takes a power-of-two order
+ALL_OPTIONS = dict(grafting="rms", graft_rms=0.25, nesterov_G=True, eps_rel=1e-4, root_order=2)
+
+
+def blocks_of(update: torch.Tensor, size: int) -> list[torch.Tensor]:
+    rows, cols = update.shape
+    return [update[r : r + size, c : c + size] for r in range(0, rows, size) for c in range(0, cols, size)]
+
+
+@pytest.mark.parametrize("schedule", ["periodic", "staggered"])
+def test_rms_grafting_gives_every_block_the_same_rms_before_and_after_its_roots(schedule):
+    """grafting="rms" (mu = wd = 0): each block moves by lr graft_rms sqrt(rows cols) in
+    Frobenius norm, whether it takes the Adam direction (before its first root, staggered) or
+    Shampoo's, whatever its gradient's scale."""
+    config = dash_fn.DashConfig(
+        block_size=8, solver="eigh", grafting="rms", graft_rms=0.3, inv_root_freq=3, refresh_schedule=schedule
+    )
+    params = {"w": torch.randn(20, 13, dtype=torch.float64, generator=torch.Generator().manual_seed(0))}
+    state, lr = dash_fn.init(params, config), 0.01
+    for t in range(1, 6):
+        grads = {"w": random_grads(params, t)["w"] * 10.0 ** (t - 3)}
+        new, state = dash_fn.step(params, grads, state, lr=lr, refresh=dash_fn.is_refresh_step(config, t))
+        for block in blocks_of(new["w"] - params["w"], 8):
+            expected = lr * 0.3 * math.sqrt(block.numel())
+            assert float(block.norm()) == pytest.approx(expected, rel=1e-12), t
+        params = new
+
+
+@pytest.mark.parametrize("strategy", [CPU, ACCELERATOR], ids=["cpu-op", "device-form"])
+def test_eigh_relative_floor_is_a_pseudo_inverse_root(strategy):
+    """eps_rel > 0: eigenvalues at or below eps_rel lambda_max map to 0, the others to
+    lambda^(-1/p) (closed form on a rotated diagonal, in either form of eigh)."""
+    Q = torch.linalg.qr(torch.randn(8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1)))[0]
+    lam = torch.tensor([4.0, 1.0, 2e-3, 1.1e-3, 8e-4, 1e-6, 0.0, 0.0], dtype=torch.float64)
+    X = (Q * lam) @ Q.T
+    config = dash_fn.DashConfig(solver="eigh", eps=0.0, eps_rel=3e-4)  # floor 1.2e-3
+    expected_scale = torch.tensor([4.0**-0.25, 1.0, 2e-3**-0.25, 0, 0, 0, 0, 0], dtype=torch.float64)
+    got = solve("eigh", torch.stack([X, 2 * X]), 4, config, None, strategy)
+    assert torch.allclose(got[0], (Q * expected_scale) @ Q.T, atol=1e-9)
+    assert torch.allclose(got[1], (Q * expected_scale * 2**-0.25) @ Q.T, atol=1e-9)  # relative: scales along
+
+
+@pytest.mark.parametrize("solver", ["ndb", "cn"])
+def test_newton_relative_damping_uses_the_power_iterations_estimate(solver):
+    """Under pim the shift is eps_rel lambda_hat with lambda_hat = s / scaling_const, the power
+    iteration's lambda_max (converged here, 200 steps): the root of X + eps_rel lambda_max I."""
+    Q = torch.linalg.qr(torch.randn(6, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2)))[0]
+    lam = torch.tensor([3.0, 1.0, 0.5, 1e-4, 0.0, 0.0], dtype=torch.float64)
+    X = ((Q * lam) @ Q.T)[None]
+    config = dash_fn.DashConfig(
+        solver=solver, eps=0.0, eps_rel=1e-2, eps_power_iter=0.0, pi_steps=200, newton_steps=60, scaling="pim"
+    )
+    got = dash_fn.inverse_root(X, 4, config, start=start_vectors(6, config, torch.float64))
+    expected = (Q * (lam + 1e-2 * 3.0) ** -0.25) @ Q.T
+    assert torch.allclose(got[0], expected, atol=1e-9)
+
+
+def test_options_the_solver_cannot_serve_are_refused():
+    with pytest.raises(ValueError, match="power-of-two order"):
+        dash_fn.DashConfig(solver="ndb", root_order=3)
+    with pytest.raises(ValueError, match="cheb_eps"):
+        dash_fn.DashConfig(solver="chebyshev", eps_rel=1e-3)
+    with pytest.raises(ValueError, match="beta_G > 0"):
+        dash_fn.DashConfig(beta_G=0.0, nesterov_G=True)
+    with pytest.raises(ValueError, match="eps_rel"):
+        dash_fn.DashConfig(eps_rel=1.0)
+    with pytest.raises(ValueError, match="graft_rms"):
+        dash_fn.DashConfig(graft_rms=0.0)
+    with pytest.raises(ValueError, match="root_order"):
+        dash_fn.DashConfig(root_order=0)
+    with simulated_accelerator(), pytest.raises(ValueError, match="power-of-two order"):
+        dash_fn.init(mixed_params(), dash_fn.DashConfig(root_order=3))  # "auto" picks NDB there
+
+
+@pytest.mark.sets_accelerator
+def test_all_options_compile_to_one_graph_without_syncs():
+    """Staggered, every option on, NDB: one graph over three periods, no node reading the
+    device, nothing CUDA graphs would skip; and eager steps make no sync."""
+    config = dash_fn.DashConfig(block_size=8, solver="ndb", inv_root_freq=3, newton_steps=4, mu=0.5, **ALL_OPTIONS)
+    params, graphs = mixed_params(shapes={"w": (24, 20), "thin": (2, 40), "b": (20,)}), []
+    compiled = torch.compile(dash_fn.step, fullgraph=True, backend=inspecting_backend(graphs))
+    with simulated_accelerator():
+        state, eager_params = dash_fn.init(params, config), params
+        for t in range(1, 10):
+            params, state = compiled(params, random_grads(params, t), state, lr=torch.tensor(1e-2))
+        eager_state, counter = dash_fn.init(eager_params, config), SyncCounter()
+        for t in range(1, 10):
+            with counter if t > 1 else SyncCounter():
+                eager_params, eager_state = dash_fn.step(
+                    eager_params, random_grads(eager_params, t), eager_state, lr=torch.tensor(1e-2)
+                )
+    assert len(graphs) == 1
+    assert graphs[0][1] == [], graphs[0][1][0][:2000]
+    assert counter.syncs == []
+    for k in params:
+        assert torch.allclose(params[k], eager_params[k], rtol=1e-5, atol=1e-6), k
+
+
+@pytest.mark.parametrize("solver", ["eigh", "ndb"])
+def test_a_checkpoint_with_all_options_resumes_bit_exact(solver, tmp_path):
+    order = {"eigh": 3, "ndb": 2}[solver]
+    config = dash_fn.DashConfig(block_size=8, solver=solver, inv_root_freq=3, **{**ALL_OPTIONS, "root_order": order})
+
+    def run(params, state, steps):
+        for t in steps:
+            params, state = dash_fn.step(params, random_grads(params, t), state, lr=0.01)
+        return params, state
+
+    whole, _ = run(mixed_params(), dash_fn.init(mixed_params(), config), range(1, 8))
+    params, state = run(mixed_params(), dash_fn.init(mixed_params(), config), range(1, 5))
+    dash_fn.save_state(tmp_path / "state.pt", state)
+    params, _ = run(params, dash_fn.load_state(tmp_path / "state.pt", params=params, config=config), range(5, 8))
+    for k in whole:
+        assert torch.equal(params[k], whole[k]), k

@@ -114,7 +114,9 @@ def main(argv=None) -> dict:
     floor = Floor(blocks, workers, args.reps)
     roots = [torch.eye(s.shape[-1]).repeat(s.shape[0], 1, 1) for s in stacks]
     kinds = {
-        "solver": lambda: [eigh_root(s, p, config.eps, config.eigh_heuristic) for s, p in zip(stacks, orders)],
+        "solver": lambda: [
+            eigh_root(s, p, config.eps, config.eigh_heuristic, config.eps_rel) for s, p in zip(stacks, orders)
+        ],
         "refresh": lambda: [refresh_roots(s, r, p, config, None) for s, r, p in zip(stacks, roots, orders)],
     }
     times = {name: [] for name in kinds}

@@ -13,6 +13,7 @@ ends inside. ``seeds`` trains more seeds at the best rate of seed 0's sweep. Run
 recorded are not trained again: every finished run is added to
 ``benchmarks/results/scaling/SIZE.json`` (its validation curve, wall time and the optimizer's
 share of it), which ``report`` reads; an interrupted call loses only its unfinished run.
+``seeds --lrs A B ...`` trains at those rates instead (the factor-2 grids of issue 39).
 ``seeds --steps N`` trains at the same best rates for N steps instead of the size's preset (the
 warm-up unchanged, the cosine decay stretched to N) and records in ``SIZE-N.json``: whether a
 result at one size is a matter of training length.
@@ -57,6 +58,16 @@ OPTIMIZERS = {
     # the defaults as they resolve off the CPU (solver="auto" is NDB there): the solver apart from
     # dash-ndb's blocks of 128 and eps 1e-6
     "dash-defaults-ndb": ("dash-defaults", ["--dash", "solver=ndb"]),
+    # issue 39: the defaults with one option or lever changed (docs/ALGORITHM.md 4 e, 4 f, 5.6)
+    "dash-rms": ("dash-defaults", ["--dash", "grafting=rms"]),
+    "dash-floor": ("dash-defaults", ["--dash", "eps_rel=1e-5"]),
+    "dash-nesterov": ("dash-defaults", ["--dash", "nesterov_G=true"]),
+    "dash-order3": ("dash-defaults", ["--dash", "root_order=3"]),
+    "dash-betaG95": ("dash-defaults", ["--dash", "beta_G=0.95"]),
+    "dash-freq3": ("dash-defaults", ["--dash", "inv_root_freq=3"]),
+    "dash-betaLR9": ("dash-defaults", ["--dash", "beta_LR=0.9"]),
+    # the fairness row: DASH on the hidden matrices only, AdamW on the rest, as the Muon runs
+    "dash-hidden": ("dash-defaults", ["--dash-hidden-only"]),
 }
 SWEPT = ["adamw", "muon", "dash-defaults", "dash-ndb"]
 # the best rates of the main job (size s; README), where the first sweep starts
@@ -135,6 +146,7 @@ def summary(label: str, run: dict, args: dict) -> dict:
     return {
         "optimizer": label,
         **{k: run[k] for k in keep},
+        **({"update_rms": run["update_rms"]} if "update_rms" in run else {}),  # runs since issue 39
         "wall": run["wall"][-1],
         "model": model,
         "machine": machine_line(),
@@ -174,6 +186,9 @@ def main(argv: list[str] | None = None) -> None:
         "--rate-of", choices=SWEPT, help="seeds: train at this optimizer's best rate instead of each one's own"
     )
     parser.add_argument("--steps", type=int, help="seeds: train this many steps instead of the size's preset")
+    parser.add_argument(
+        "--lrs", nargs="+", type=float, help="seeds: train at these rates instead of the best (a finer grid)"
+    )
     parser.add_argument("--plots", default=str(ROOT / "benchmarks" / "results"), help="report: folder of the plots")
     parser.add_argument("--progress", action="store_true", help="train_lm's progress bars")
     args = parser.parse_args(argv)
@@ -185,9 +200,9 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "seeds":
         for label in args.optimizers:
             rate = best_rate(args.size, args.rate_of or label)
-            if rate is None:
+            if rate is None and not args.lrs:
                 raise SystemExit(f"no sweep of {args.rate_of or label} at size {args.size}: run sweep first")
-            train(args.size, label, [rate], args.seeds, args.progress, args.steps)
+            train(args.size, label, args.lrs or [rate], args.seeds, args.progress, args.steps)
     else:
         from scaling_report import report
 

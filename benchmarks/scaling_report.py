@@ -211,4 +211,27 @@ def plot(sizes: list[str], folder: Path) -> None:
     fig.tight_layout()
     fig.savefig(folder / "scaling_sweeps.png", dpi=120)
     plt.close(fig)
-    print(f"\nwrote {folder / 'scaling_steps.png'}, {folder / 'scaling_sweeps.png'}")
+    written = [folder / "scaling_steps.png", folder / "scaling_sweeps.png"]
+    logged = [size for size in sizes if any("update_rms" in r for r in load(size))]
+    if logged:
+        written.append(plot_update_sizes(logged, folder, plt))
+    print("\nwrote " + ", ".join(map(str, written)))
+
+
+def plot_update_sizes(sizes: list[str], folder: Path, plt) -> Path:
+    """scaling_update_rms.png: each optimizer's per-entry update size (lr x the RMS of its
+    direction, averaged over the hidden matrices) against the step, at its best rate, seed 0."""
+    fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4), squeeze=False)
+    for ax, size in zip(axes[0], sizes):
+        for label, runs in tuned(size).items():
+            run = next((r for r in runs if r["seed"] == 0 and "update_rms" in r), None)
+            if run is not None:
+                ax.plot(run["val_step"], run["update_rms"], label=f"{label} @ {run['lr']:g}", color=COLORS.get(label))
+        ax.set(yscale="log", xlabel="step", ylabel="lr x RMS of the update", title=f"size {size}: update size")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = folder / "scaling_update_rms.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

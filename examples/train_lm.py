@@ -11,7 +11,8 @@ the hidden matrices, AdamW on the rest, one learning rate for both), ``soap`` an
 that root solver; ``dash`` alone is the default solver for the device; both use --block-size
 and --inv-root-freq), ``dash-defaults`` (``DashConfig()``: the library's defaults, block 256
 and roots every 10 steps, ignoring --block-size and --inv-root-freq) or ``dash-paper``
-(``DashConfig.paper()``: the DASH paper's setting, NDB roots every step). Every run trains the
+(``DashConfig.paper()``: the DASH paper's setting, NDB roots every step); ``--dash-hidden-only``
+gives DASH runs the hidden matrices only and AdamW the rest, as muon runs. Every run trains the
 same model from the same initialization on the same batches; the loss and gradients come from
 one compiled function (torch.func.grad_and_value under torch.compile), and dash_fn's step is
 compiled with fullgraph=True. Writes to --out: ``log.json`` (every step's train loss and wall
@@ -124,6 +125,11 @@ def parse_run(spec: str) -> tuple[str, float]:
     return name, float(lr)
 
 
+def is_hidden(name: str, value: torch.Tensor) -> bool:
+    """A hidden matrix: a 2-D weight inside a transformer block (not the embedding or the head)."""
+    return value.ndim == 2 and name.startswith("blocks.")
+
+
 def peer_optimizers(name: str, leaves: dict, args) -> list:
     """The torch.optim optimizers of a peer run (lr set every step). Muon takes the hidden
     matrices with ``adjust_lr_fn="match_rms_adamw"`` (its update's RMS matched to AdamW's, so
@@ -137,8 +143,8 @@ def peer_optimizers(name: str, leaves: dict, args) -> list:
             )
         ]
     if name == "muon":
-        hidden = [v for k, v in leaves.items() if v.ndim == 2 and k.startswith("blocks.")]
-        rest = [v for k, v in leaves.items() if not (v.ndim == 2 and k.startswith("blocks."))]
+        hidden = [v for k, v in leaves.items() if is_hidden(k, v)]
+        rest = [v for k, v in leaves.items() if not is_hidden(k, v)]
         return [
             torch.optim.Muon(hidden, lr=0.0, weight_decay=args.weight_decay, adjust_lr_fn="match_rms_adamw"),
             torch.optim.AdamW(rest, lr=0.0, betas=(0.9, 0.95), weight_decay=args.weight_decay, foreach=True),
@@ -156,7 +162,13 @@ class Optimizer:
     """One interface for all: ``update(params, grads, lr_tensor) -> params``."""
 
     def __init__(self, name: str, params: dict, args):
-        self.name = name
+        self.name, self.names = name, list(params)  # the caller's order, kept
+        self.rest: dict = {}  # what AdamW takes beside DASH under --dash-hidden-only
+        self.torch_opts: list = []
+        if name not in PEERS and args.dash_hidden_only:
+            self.rest = {k: v.clone() for k, v in params.items() if not is_hidden(k, v)}
+            self.torch_opts = peer_optimizers("adamw", self.rest, args)
+            params = {k: v for k, v in params.items() if k not in self.rest}
         if name in PEERS:
             self.leaves = {k: v.clone() for k, v in params.items()}
             self.torch_opts = peer_optimizers(name, self.leaves, args)
@@ -188,15 +200,21 @@ class Optimizer:
 
     def update(self, params: dict, grads: dict, lr: torch.Tensor, refresh: bool | None) -> dict:
         if self.name in PEERS:
-            for k, g in grads.items():
-                self.leaves[k].grad = g
-            for opt in self.torch_opts:
-                for group in opt.param_groups:
-                    group["lr"] = float(lr)
-                opt.step()
+            self._torch_step(self.leaves, grads, lr)
             return self.leaves
-        params, self.state = self.step(params, grads, self.state, lr=lr, refresh=refresh)
-        return params
+        self._torch_step(self.rest, {k: grads[k] for k in self.rest}, lr)
+        params = {k: v for k, v in params.items() if k not in self.rest}
+        grads = {k: v for k, v in grads.items() if k not in self.rest}
+        new, self.state = self.step(params, grads, self.state, lr=lr, refresh=refresh)
+        return {k: self.rest[k] if k in self.rest else new[k] for k in self.names}
+
+    def _torch_step(self, leaves: dict, grads: dict, lr: torch.Tensor) -> None:
+        for k, g in grads.items():
+            leaves[k].grad = g
+        for opt in self.torch_opts:
+            for group in opt.param_groups:
+                group["lr"] = float(lr)
+            opt.step()
 
     def refresh_at(self, t: int) -> bool | None:
         """Whether DASH's step ``t`` refreshes its roots, passed to the step as a static flag
@@ -228,7 +246,8 @@ def train(
     """One run. Wall time counts the train steps, not the evaluations, and not the steps that
     compile: the first two (HeavyBall's optimizers compile on their second call) and DASH's
     first plain and first refresh step; their time is logged apart as compile_s. optimizer_s is
-    the part of the timed wall from the gradients' end to the update's. ``final``, if given,
+    the part of the timed wall from the gradients' end to the update's. update_rms is, at each
+    evaluated step, the RMS of that step's change of each hidden matrix, averaged over them. ``final``, if given,
     receives the final parameters under the run's key ``OPTIMIZER@LR seed S``."""
     train_data, val_data = corpus
     params = {k: v.clone() for k, v in init_params.items()}
@@ -247,6 +266,7 @@ def train(
         "val_step": [],
         "val_loss": [],
         "val_wall": [],
+        "update_rms": [],
     }
     wall, kinds = 0.0, set()
     sync = torch.cuda.synchronize if str(args.device).startswith("cuda") else lambda: None
@@ -256,6 +276,9 @@ def train(
         lr.fill_(lr_at(t, args.steps, peak_lr, args.warmup))
         kind = opt.refresh_at(t)
         compiles = t <= 2 or kind not in kinds
+        evaluates = t % args.eval_every == 0 or t == args.steps
+        # the hidden matrices before an evaluated step, for its update's size (peers update in place)
+        before = {k: v.detach().clone() for k, v in params.items() if is_hidden(k, v)} if evaluates else {}
         if compiles and args.backend != "none":  # the bar's first rates then count compile time: say so
             bar.set_postfix_str(f"compiling step {t}'s graphs (once per run; later steps are far faster)")
         start = time.perf_counter()
@@ -275,7 +298,10 @@ def train(
         log["step"].append(t)
         log["train_loss"].append(loss)
         log["wall"].append(wall)
-        if t % args.eval_every == 0 or t == args.steps:
+        if evaluates:
+            # the step's per-entry update size, lr x RMS of the direction, averaged over the hidden matrices
+            sizes = [float((params[k] - W).square().mean().sqrt()) for k, W in before.items()]
+            log["update_rms"].append(sum(sizes) / len(sizes) if sizes else math.nan)
             log["val_step"].append(t)
             log["val_loss"].append(evaluate(loss_fn, params, val_data, args, seed))
             log["val_wall"].append(wall)
@@ -439,6 +465,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--weight-decay", type=float, default=0.0, help="decoupled weight decay of every optimizer")
     parser.add_argument(
         "--warmup", type=int, default=20, help="linear warm-up steps, then cosine decay to 10%% of the peak lr"
+    )
+    parser.add_argument(
+        "--dash-hidden-only",
+        action="store_true",
+        help="DASH runs take the hidden matrices only, AdamW (betas 0.9, 0.95, the same rate) the embedding, "
+        "the head and the vectors, as muon runs split them",
     )
     parser.add_argument("--eval-every", type=int, default=25, help="steps between validation losses")
     parser.add_argument("--eval-batches", type=int, default=8, help="fixed validation batches per evaluation")

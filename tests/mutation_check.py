@@ -213,7 +213,8 @@ MUTATIONS = [
         "roots: the compiled CPU eigh refresh without its fallback",
         "dash_fn/roots/__init__.py",
         "return refresh_roots(factors, roots, p, config, None, CPU)",
-        "return eigh_root(factors, p, config.eps, heuristic), factors.new_zeros(factors.shape[:1], dtype=torch.bool)",
+        "return eigh_root(factors, p, config.eps, heuristic, config.eps_rel), "
+        "factors.new_zeros(factors.shape[:1], dtype=torch.bool)",
         ("tests/test_solvers.py", "-k", "non_finite_blocks and eigh"),
     ),
     Mutation(

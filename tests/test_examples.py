@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import train_lm
 
@@ -102,6 +103,26 @@ def test_train_lm_peers_and_wall_clock_columns(tmp_path):
     assert "| optimizer ms / step (share) |" in summary
     row = next(line for line in summary.splitlines() if line.startswith("| adamw@0.003 |")).split("|")
     assert row[5].strip() == "1.00" and row[7].strip() == "1.00" and float(row[8]) == adamw["val_loss"][-1].__round__(4)
+
+
+def test_train_lm_dash_hidden_only_gives_adamw_the_rest(tmp_path):
+    """--dash-hidden-only (the scaling study's fairness row): after one step, the embedding, the
+    head and the vectors of a DASH run are AdamW's bit for bit (same gradients on step 1), its
+    hidden matrices are not; every run logs its update size at evaluated steps."""
+    one_step = [*TINY, "--steps", "1", "--eval-every", "1", "--backend", "none", "--block-size", "32"]
+    path = tmp_path / "final.pt"
+    runs = ["adamw@3e-3", "dash-eigh@3e-3"]
+    train_lm.main(
+        ["--runs", *runs, *one_step, "--dash-hidden-only", "--save-params", str(path), "--out", str(tmp_path)]
+    )
+    final = torch.load(path)
+    adamw, dash = final["adamw@0.003 seed 0"], final["dash-eigh@0.003 seed 0"]
+    hidden = [k for k, v in adamw.items() if train_lm.is_hidden(k, v)]
+    assert hidden and len(hidden) < len(adamw)
+    for k in adamw:
+        assert torch.equal(adamw[k], dash[k]) == (k not in hidden), k
+    log = json.loads((tmp_path / "log.json").read_text())
+    assert all(len(r["update_rms"]) == 1 and r["update_rms"][0] > 0 for r in log["runs"])
 
 
 def test_stdlib_corpus_is_deterministic_and_split():

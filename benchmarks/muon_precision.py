@@ -1,0 +1,58 @@
+"""Is torch.optim.Muon's bfloat16 Newton-Schulz slow on this CPU? (issue 39's check before the study)
+
+    python benchmarks/muon_precision.py [--reps 5]
+
+Times ``torch.optim.Muon.step`` on eight 1024 x 256 matrices (its Newton-Schulz iterations run
+in bfloat16, as torch rounds them) beside the same five iterations in float32: torch's own
+``_zeropower_via_newtonschulz`` with its bfloat16 cast made a no-op. On some CPUs bfloat16
+matmuls fall back to slow kernels, tens of times slower; then the study would run Muon's
+iterations in float32 (the same math at higher precision). Median of ``--reps`` steps after one
+warm-up step each, both forms in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from unittest import mock
+
+import torch
+import torch.optim._muon as muon_module
+
+from machine import machine_line
+
+
+def step_seconds(float32: bool, reps: int) -> float:
+    gen = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(1024, 256, generator=gen)) for _ in range(8)]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=gen)
+    opt = torch.optim.Muon(params, lr=1e-3, adjust_lr_fn="match_rms_adamw")
+    # float32: Tensor.bfloat16 returns the tensor itself inside Muon's iteration
+    patch = mock.patch.object(torch.Tensor, "bfloat16", lambda x: x) if float32 else mock.MagicMock()
+    times = []
+    with patch:
+        opt.step()
+        for _ in range(reps):
+            start = time.perf_counter()
+            opt.step()
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=5, help="timed steps per form")
+    args = parser.parse_args()
+    assert muon_module._zeropower_via_newtonschulz  # the iteration this script times
+    bf16, fp32 = step_seconds(False, args.reps), step_seconds(True, args.reps)
+    print(machine_line())
+    print("| Muon step, eight 1024 x 256 matrices | seconds (median) |\n|---|---|")
+    print(f"| Newton-Schulz in bfloat16 (torch.optim.Muon as is) | {bf16:.3f} |")
+    print(f"| the same iterations in float32 | {fp32:.3f} |")
+    print(f"| ratio | {bf16 / fp32:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

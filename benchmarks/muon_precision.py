@@ -2,8 +2,9 @@
 
     python benchmarks/muon_precision.py [--reps 5]
 
-Times ``torch.optim.Muon.step`` on eight 1024 x 256 matrices (its Newton-Schulz iterations run
-in bfloat16, as torch rounds them) beside the same five iterations in float32: torch's own
+Times ``torch.optim.Muon.step`` on eight 1024 x 256 matrices, and on the hidden matrices of the
+scaling study's largest model (its Newton-Schulz iterations run in bfloat16, as torch rounds
+them), beside the same five iterations in float32: torch's own
 ``_zeropower_via_newtonschulz`` with its bfloat16 cast made a no-op. On some CPUs bfloat16
 matmuls fall back to slow kernels, tens of times slower; then the study would run Muon's
 iterations in float32 (the same math at higher precision). Median of ``--reps`` steps after one
@@ -22,10 +23,17 @@ import torch.optim._muon as muon_module
 
 from machine import machine_line
 
+# the example, and the hidden matrices of train_lm --size l (4 layers of d_model 512:
+# attention 4 x (512, 512), MLP 2 x (1365, 512) and (512, 1365))
+SETS = {
+    "eight 1024 x 256 matrices": [(1024, 256)] * 8,
+    "train_lm --size l's 28 hidden matrices": [(512, 512)] * 16 + [(1365, 512)] * 8 + [(512, 1365)] * 4,
+}
 
-def step_seconds(float32: bool, reps: int) -> float:
+
+def step_seconds(shapes: list[tuple[int, int]], float32: bool, reps: int) -> float:
     gen = torch.Generator().manual_seed(0)
-    params = [torch.nn.Parameter(torch.randn(1024, 256, generator=gen)) for _ in range(8)]
+    params = [torch.nn.Parameter(torch.randn(shape, generator=gen)) for shape in shapes]
     for p in params:
         p.grad = torch.randn(p.shape, generator=gen)
     opt = torch.optim.Muon(params, lr=1e-3, adjust_lr_fn="match_rms_adamw")
@@ -46,12 +54,11 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5, help="timed steps per form")
     args = parser.parse_args()
     assert muon_module._zeropower_via_newtonschulz  # the iteration this script times
-    bf16, fp32 = step_seconds(False, args.reps), step_seconds(True, args.reps)
     print(machine_line())
-    print("| Muon step, eight 1024 x 256 matrices | seconds (median) |\n|---|---|")
-    print(f"| Newton-Schulz in bfloat16 (torch.optim.Muon as is) | {bf16:.3f} |")
-    print(f"| the same iterations in float32 | {fp32:.3f} |")
-    print(f"| ratio | {bf16 / fp32:.2f} |")
+    print("| Muon step on | Newton-Schulz in bfloat16 (as is), s | in float32, s | ratio |\n|---|---|---|---|")
+    for name, shapes in SETS.items():
+        bf16, fp32 = step_seconds(shapes, False, args.reps), step_seconds(shapes, True, args.reps)
+        print(f"| {name} | {bf16:.3f} | {fp32:.3f} | {bf16 / fp32:.2f} |")
 
 
 if __name__ == "__main__":

@@ -66,6 +66,9 @@ OPTIMIZERS = {
     "dash-betaG95": ("dash-defaults", ["--dash", "beta_G=0.95"]),
     "dash-freq3": ("dash-defaults", ["--dash", "inv_root_freq=3"]),
     "dash-betaLR9": ("dash-defaults", ["--dash", "beta_LR=0.9"]),
+    # Muon with its Newton-Schulz iterations in float32, on CPUs whose bfloat16 products are slow
+    # (benchmarks/muon_precision.py): the same math at higher precision
+    "muon-fp32": ("muon", ["--muon-float32"]),
     # the fairness row: DASH on the hidden matrices only, AdamW on the rest, as the Muon runs
     "dash-hidden": ("dash-defaults", ["--dash-hidden-only"]),
 }

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import math
 import os
@@ -125,6 +126,20 @@ def parse_run(spec: str) -> tuple[str, float]:
     return name, float(lr)
 
 
+def newton_schulz_float32(grad: torch.Tensor, ns_coefficients, ns_steps: int, eps: float) -> torch.Tensor:
+    """torch.optim.Muon's Newton-Schulz orthogonalization (the same quintic iteration, the same
+    normalization) in float32 instead of bfloat16: the same math at higher precision, for CPUs
+    whose bfloat16 products are many times slower (``benchmarks/muon_precision.py``)."""
+    a, b, c = ns_coefficients
+    tall = grad.size(0) > grad.size(1)
+    X = grad.float().T if tall else grad.float()
+    X = X / X.norm().clamp(min=eps)
+    for _ in range(ns_steps):
+        gram = X @ X.T
+        X = torch.addmm(X, torch.addmm(gram, gram, gram, beta=b, alpha=c), X, beta=a)
+    return X.T if tall else X
+
+
 def is_hidden(name: str, value: torch.Tensor) -> bool:
     """A hidden matrix: a 2-D weight inside a transformer block (not the embedding or the head)."""
     return value.ndim == 2 and name.startswith("blocks.")
@@ -143,6 +158,8 @@ def peer_optimizers(name: str, leaves: dict, args) -> list:
             )
         ]
     if name == "muon":
+        if args.muon_float32:  # Muon calls this module-level function for each matrix
+            importlib.import_module("torch.optim._muon")._zeropower_via_newtonschulz = newton_schulz_float32
         hidden = [v for k, v in leaves.items() if is_hidden(k, v)]
         rest = [v for k, v in leaves.items() if not is_hidden(k, v)]
         return [
@@ -471,6 +488,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="DASH runs take the hidden matrices only, AdamW (betas 0.9, 0.95, the same rate) the embedding, "
         "the head and the vectors, as muon runs split them",
+    )
+    parser.add_argument(
+        "--muon-float32",
+        action="store_true",
+        help="muon runs take their Newton-Schulz iterations in float32 (torch.optim.Muon runs them in bfloat16, "
+        "many times slower on CPUs without AVX-512 BF16)",
     )
     parser.add_argument("--eval-every", type=int, default=25, help="steps between validation losses")
     parser.add_argument("--eval-batches", type=int, default=8, help="fixed validation batches per evaluation")

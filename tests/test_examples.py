@@ -125,6 +125,25 @@ def test_train_lm_dash_hidden_only_gives_adamw_the_rest(tmp_path):
     assert all(len(r["update_rms"]) == 1 and r["update_rms"][0] > 0 for r in log["runs"])
 
 
+def test_muon_float32_is_torchs_iteration_in_float32(monkeypatch, tmp_path):
+    """--muon-float32 swaps in train_lm.newton_schulz_float32, which agrees with torch.optim.Muon's
+    bfloat16 iteration to bfloat16's precision, for tall and wide matrices."""
+    import torch.optim._muon as muon
+
+    torchs = muon._zeropower_via_newtonschulz
+    for shape in [(60, 24), (24, 60)]:
+        g = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+        ours, theirs = (
+            train_lm.newton_schulz_float32(g, (3.4445, -4.775, 2.0315), 5, 1e-7),
+            torchs(g, (3.4445, -4.775, 2.0315), 5, 1e-7),
+        )
+        assert ours.dtype == torch.float32 and ours.shape == theirs.shape
+        assert (ours - theirs.float()).abs().max() < 0.03 * theirs.float().abs().max()
+    monkeypatch.setattr(muon, "_zeropower_via_newtonschulz", torchs)  # restored after the test
+    train_lm.main(["--runs", "muon@3e-3", *TINY, "--steps", "1", "--muon-float32", "--out", str(tmp_path)])
+    assert muon._zeropower_via_newtonschulz is train_lm.newton_schulz_float32
+
+
 def test_stdlib_corpus_is_deterministic_and_split():
     a_train, a_val = train_lm.stdlib_corpus(300_000)
     b_train, b_val = train_lm.stdlib_corpus(300_000)

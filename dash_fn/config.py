@@ -86,7 +86,7 @@ class DashConfig:
         ``grafting`` = "adam": each block's direction takes the norm of the Adam direction
             with an EMA ("adam") or a sum ("adagrad") as second moment, or ("rms") a fixed
             per-entry RMS ``graft_rms``, as Muon's ``match_rms_adamw`` does for a whole matrix
-            (4 g; the moment is then kept as under "adam", for the direction before a block's
+            (4 f; the moment is then kept as under "adam", for the direction before a block's
             first root and for thin blocks' diagonals).
         ``graft_rms`` = 0.2, > 0: the RMS of every block's direction under ``grafting="rms"``.
         ``eps_graft`` = 1e-8, > 0: eps of the Adam direction whose norm is grafted.

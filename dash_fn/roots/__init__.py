@@ -49,8 +49,9 @@ def resolve_solver(config: DashConfig, strategy: Strategy) -> str:
 def prepare(config: DashConfig, strategy: Strategy) -> None:
     """Check that the solver ``auto`` picks serves the config (:func:`check_solver_options`) and
     start what the solver's form needs before a step runs: the CPU eigh op's threads."""
-    check_solver_options(config, resolve_solver(config, strategy))
-    if resolve_solver(config, strategy) == "eigh" and strategy.cpu_ops:
+    solver = resolve_solver(config, strategy)
+    check_solver_options(config, solver)
+    if solver == "eigh" and strategy.cpu_ops:
         start_workers()
 
 

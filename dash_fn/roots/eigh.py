@@ -24,7 +24,7 @@ def eigh_inverse_root(X: torch.Tensor, p: int, *, eps: float, heuristic: str, ep
     ``lambda <= eps_rel * lambda_max`` map to 0 (docs/ALGORITHM.md 5.6).
 
     The device form (the accelerator strategy's; the CPU strategies use
-    :func:`dash_fn.cpu.eigh_root`). ``torch.linalg.eigh`` reads its error flags on the host:
+    :func:`dash_fn.roots.eigh_cpu.eigh_root`). ``torch.linalg.eigh`` reads its error flags on the host:
     one sync per call on a GPU.
     """
     b = X.shape[-1]

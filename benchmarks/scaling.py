@@ -13,7 +13,9 @@ ends inside. ``seeds`` trains more seeds at the best rate of seed 0's sweep. Run
 recorded are not trained again: every finished run is added to
 ``benchmarks/results/scaling/SIZE.json`` (its validation curve, wall time and the optimizer's
 share of it), which ``report`` reads; an interrupted call loses only its unfinished run.
-``seeds --lrs A B ...`` trains at those rates instead (the factor-2 grids of issue 39).
+``seeds --lrs A B ...`` trains at those rates instead (the factor-2 grids of issue 39);
+``seeds --again`` retrains runs already recorded, replacing them (another machine's runs, or
+runs from before the update size was logged).
 ``seeds --steps N`` trains at the same best rates for N steps instead of the size's preset (the
 warm-up unchanged, the cosine decay stretched to N) and records in ``SIZE-N.json``: whether a
 result at one size is a matter of training length.
@@ -113,14 +115,21 @@ def record(name: str, runs: list[dict]) -> None:
 
 
 def train(
-    size: str, label: str, rates: list[float], seeds: list[int], progress: bool, steps: int | None = None
+    size: str,
+    label: str,
+    rates: list[float],
+    seeds: list[int],
+    progress: bool,
+    steps: int | None = None,
+    again: bool = False,
 ) -> None:
-    """Train the runs not yet recorded, in one train_lm process per set of rates (its compiled
-    gradient shared by the rates and seeds), and record each as soon as its process has logged it.
-    ``steps``: train that many steps instead of the size's preset, recorded apart (``study``)."""
+    """Train the runs not yet recorded (``again``: every run, each replacing its record), in one
+    train_lm process per set of rates (its compiled gradient shared by the rates and seeds), and
+    record each as soon as its process has logged it. ``steps``: train that many steps instead of
+    the size's preset, recorded apart (``study``)."""
     name, extra = OPTIMIZERS[label]
     results = study(size, steps)
-    done = {(r["lr"], r["seed"]) for r in load(results) if r["optimizer"] == label}
+    done = set() if again else {(r["lr"], r["seed"]) for r in load(results) if r["optimizer"] == label}
     by_rates: dict[tuple, list[int]] = {}
     for seed in seeds:
         todo = tuple(lr for lr in rates if (lr, seed) not in done)
@@ -192,6 +201,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--lrs", nargs="+", type=float, help="seeds: train at these rates instead of the best (a finer grid)"
     )
+    parser.add_argument(
+        "--again", action="store_true", help="seeds: retrain runs already recorded (on this machine), replacing them"
+    )
     parser.add_argument("--plots", default=str(ROOT / "benchmarks" / "results"), help="report: folder of the plots")
     parser.add_argument("--progress", action="store_true", help="train_lm's progress bars")
     args = parser.parse_args(argv)
@@ -205,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
             rate = best_rate(args.size, args.rate_of or label)
             if rate is None and not args.lrs:
                 raise SystemExit(f"no sweep of {args.rate_of or label} at size {args.size}: run sweep first")
-            train(args.size, label, args.lrs or [rate], args.seeds, args.progress, args.steps)
+            train(args.size, label, args.lrs or [rate], args.seeds, args.progress, args.steps, args.again)
     else:
         from scaling_report import report
 

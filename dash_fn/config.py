@@ -13,7 +13,7 @@ from dataclasses import dataclass
 SOLVERS = ("eigh", "cn", "ndb", "chebyshev", "auto")
 SCALINGS = ("fro", "pi", "pim")
 EIGH_HEURISTICS = ("shampoo", "abs", "abs_add", "relu")
-GRAFTINGS = ("adam", "adagrad", "rms")
+GRAFTINGS = ("adam", "adagrad", "rms", "spectral")
 ONE_DIM = ("adamw", "shampoo")
 REFRESH_SCHEDULES = ("staggered", "periodic")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -84,11 +84,12 @@ class DashConfig:
         ``beta_LR`` = 0.95, in [0, 1]: factor EMA; 1 sums the factors (AdaGrad-style).
         ``beta_graft`` = 0.95, in [0, 1): second-moment EMA of Adam grafting.
         ``grafting`` = "adam": each block's direction takes the norm of the Adam direction
-            with an EMA ("adam") or a sum ("adagrad") as second moment, or ("rms") a fixed
-            per-entry RMS ``graft_rms``, as Muon's ``match_rms_adamw`` does for a whole matrix
-            (4 f; the moment is then kept as under "adam", for the direction before a block's
-            first root and for thin blocks' diagonals).
-        ``graft_rms`` = 0.2, > 0: the RMS of every block's direction under ``grafting="rms"``.
+            with an EMA ("adam") or a sum ("adagrad") as second moment; or a fixed norm: a
+            per-entry RMS ``graft_rms`` ("rms"), or the spectral norm ``graft_rms
+            sqrt(max(rows, cols))`` ("spectral"), Muon's ``match_rms_adamw`` norm for a
+            whole matrix (4 f; the moment is then kept as under "adam", for the direction
+            before a block's first root and for thin blocks' diagonals).
+        ``graft_rms`` = 0.2, > 0: the per-entry RMS that sets the fixed norms.
         ``eps_graft`` = 1e-8, > 0: eps of the Adam direction whose norm is grafted.
         ``nesterov_G`` = False: precondition Nesterov's look-ahead of the gradient EMA,
             ``beta_G * Gt_hat + (1 - beta_G) G`` (Gt_hat bias-corrected), instead of the EMA

@@ -20,7 +20,7 @@ from .inputs import check_step_inputs, flatten, order_like_plan, rebuild
 from .plan import ADAMW, EMPTY, SEGMENTS, Plan
 from .roots import refresh_roots
 from .roots.matmul import stacked_matmul
-from .roots.scaling import root
+from .roots.scaling import root, spectral_norm_estimate
 from .schedule import SCHEDULE_KEY, due_slice, has_root, is_refresh_step, periodic_due
 from .strategy import for_device
 
@@ -246,15 +246,13 @@ def _start_vectors(ctx: _Step, stack) -> torch.Tensor | None:
 
 def _direction(ctx: _Step, g: int, Gt: torch.Tensor, D: torch.Tensor) -> torch.Tensor:
     """For t >= s the grafted Shampoo direction (g) from the gradient EMA ``Gt`` and the Adam
-    direction ``D`` (staggered: from each block's first refresh on); before, ``D``. Under
-    ``grafting="rms"`` either has the norm ``graft_rms sqrt(rows cols)``, a fixed RMS."""
+    direction ``D`` (staggered: from each block's first refresh on); before, ``D``. Under a
+    fixed norm (``grafting`` "rms" or "spectral") either has that norm."""
     config, local = ctx.config, ctx.local
     group = local.groups[g]
-    if config.grafting == "rms":
-        graft = config.graft_rms * math.sqrt(group.rows * group.cols)
-        D = D.mul_(graft / (ctx.forms.block_norm(D) + 1e-16))  # D: this step's own temporary
-    else:
-        graft = torch.linalg.vector_norm(D, dim=(-2, -1), keepdim=True)
+    norm, graft = _norm_and_target(ctx, group, D)
+    if config.grafting in FIXED_NORMS:
+        D = D.mul_(graft / (norm(D) + 1e-16))  # D: this step's own temporary
     s = config.start_prec_step
     if s == math.inf:
         return D
@@ -270,12 +268,29 @@ def _direction(ctx: _Step, g: int, Gt: torch.Tensor, D: torch.Tensor) -> torch.T
     if group.diagonal_dim is not None:  # a thin block's long side (docs/ALGORITHM.md 2.5)
         A = ctx.state["groups", str(g), "A"].to(local.dtype)
         U = U * _diagonal_root(A, group.diagonal_dim, config.root_order, config.eps, config.eps_rel)
-    P = U.mul_(graft / (ctx.forms.block_norm(U) + 1e-16))  # U: this step's own product
+    P = U.mul_(graft / (norm(U) + 1e-16))  # U: this step's own product
     if config.refresh_schedule == "staggered":  # a block's Adam direction until its first refresh
         side = group.factor_sides[0]
         ready = has_root(ctx.state[SCHEDULE_KEY, str(side.stack)], side.offset, group.count, ctx.t, config)
         return ctx.forms.select(ready[:, None, None], P, D)
     return P if s == 1 else torch.where(ctx.t >= s, P, D)
+
+
+FIXED_NORMS = ("rms", "spectral")
+
+
+def _norm_and_target(ctx: _Step, group, D: torch.Tensor):
+    """The norm a block's direction is measured by and the value it is given (f, g): the
+    Frobenius norm and Adam's ``||D||_F`` (Adam and AdaGrad grafting); the Frobenius norm and
+    ``graft_rms sqrt(rows cols)`` (``"rms"``: that per-entry RMS); the spectral norm and
+    ``graft_rms sqrt(max(rows, cols))`` (``"spectral"``: Muon's norm for a full-rank
+    orthogonal direction, whose RMS is then graft_rms)."""
+    config = ctx.config
+    if config.grafting == "rms":
+        return ctx.forms.block_norm, config.graft_rms * math.sqrt(group.rows * group.cols)
+    if config.grafting == "spectral":
+        return spectral_norm_estimate, config.graft_rms * math.sqrt(max(group.rows, group.cols))
+    return ctx.forms.block_norm, torch.linalg.vector_norm(D, dim=(-2, -1), keepdim=True)
 
 
 def _diagonal_root(A: torch.Tensor, dim: int, p: int, eps: float, eps_rel: float) -> torch.Tensor:

@@ -46,7 +46,7 @@ SCENARIOS = {
         block_size=8, solver="ndb", inv_root_freq=2, **dict.fromkeys(dash_fn.config.STORAGE_FIELDS, "bfloat16")
     ),
     "update_rules": dash_fn.DashConfig(  # every option of docs/ALGORITHM.md 4 e, 4 g, 5.6
-        block_size=8, solver="eigh", grafting="rms", nesterov_G=True, eps_rel=1e-4, root_order=3, mu=0.5
+        block_size=8, solver="eigh", grafting="spectral", nesterov_G=True, eps_rel=1e-4, root_order=3, mu=0.5
     ),
 }
 ADAPTER = dict(lr=1e-2, block_size=8, solver="eigh", mu=0.5, weight_decay=0.01)

@@ -128,7 +128,7 @@ MUTATIONS = [
     Mutation(
         "step: no grafting onto the Adam norm",
         "dash_fn/step.py",
-        "P = U.mul_(graft / (ctx.forms.block_norm(U) + 1e-16))",
+        "P = U.mul_(graft / (norm(U) + 1e-16))",
         "P = U",
         ("tests/test_grafting.py",),
     ),
@@ -416,9 +416,23 @@ MUTATIONS = [
     Mutation(
         "update rules: rms grafting's norm from rows + cols",
         "dash_fn/step.py",
-        "graft = config.graft_rms * math.sqrt(group.rows * group.cols)",
-        "graft = config.graft_rms * math.sqrt(group.rows + group.cols)",
+        "return ctx.forms.block_norm, config.graft_rms * math.sqrt(group.rows * group.cols)",
+        "return ctx.forms.block_norm, config.graft_rms * math.sqrt(group.rows + group.cols)",
         ("tests/test_update_rules.py", "-k", "rms"),
+    ),
+    Mutation(
+        "update rules: spectral grafting's norm as the RMS rule's",
+        "dash_fn/step.py",
+        "config.graft_rms * math.sqrt(max(group.rows, group.cols))",
+        "config.graft_rms * math.sqrt(group.rows * group.cols)",
+        ("tests/test_update_rules.py", "-k", "spectral_grafting"),
+    ),
+    Mutation(
+        "update rules: the spectral-norm estimate after one power iteration",
+        "dash_fn/roots/scaling.py",
+        "    for _ in range(steps):\n        v = _unit(",
+        "    for _ in range(1):\n        v = _unit(",
+        ("tests/test_update_rules.py", "-k", "spectral_norm_estimate"),
     ),
     Mutation(
         "update rules: rms grafting's moment summed as AdaGrad's",

@@ -7,7 +7,8 @@ kind is rounded to its dtype whenever it is assigned (and used as rounded). Thin
 side >= thin_ratio x short side) keep a full factor on their short side only (p = root_order) and
 scale their long side by (d + eps)^(-1/p), d the grafting moment's sums along the short side.
 Relative floor (eps_rel): eigenvalues (or diagonal entries) at or below eps_rel x the largest get
-an inverse root of 0. grafting="rms": every block's direction has RMS graft_rms. nesterov_G: the
+an inverse root of 0. grafting="rms": every block's direction has RMS graft_rms; "spectral": its
+spectral norm (estimated as spectral_norm says) is graft_rms sqrt(max(rows, cols)). nesterov_G: the
 gradient EMA is replaced by the look-ahead beta_G Gt_hat + (1 - beta_G) G wherever it is used.
 """
 
@@ -38,6 +39,21 @@ def eigh_root(X: torch.Tensor, p: int, eps: float, heuristic: str, eps_rel: floa
             [0.0 if l <= eps_rel * top else x for l, x in zip(lam.tolist(), scale.tolist())], dtype=f64
         )
     return Q @ torch.diag(scale) @ Q.T
+
+
+def spectral_norm(X: torch.Tensor, steps: int = 8) -> torch.Tensor:
+    """docs/ALGORITHM.md 4 f's estimate of sigma_max(X): power iteration on X^T X from the
+    squared column norms of X / max|X|, ``steps`` times, then ||X v|| with ||v|| = 1."""
+    peak = float(X.abs().max())
+    if peak == 0:
+        return torch.zeros((), dtype=f64)
+    Y = X / peak
+    v = (Y * Y).sum(dim=0)
+    for _ in range(steps):
+        v = v / v.norm() if v.norm() > 0 else v
+        v = Y.T @ (Y @ v)
+        v = v / v.norm() if v.norm() > 0 else v
+    return (Y @ v).norm() * peak
 
 
 def split(length: int, size: int) -> list[tuple[int, int]]:
@@ -189,7 +205,7 @@ class ReferenceDash:
                     decay = c.beta_LR if c.beta_LR < 1 else 1.0
                     weight = 1 - c.beta_LR if c.beta_LR < 1 else 1.0
                     blk[k] = self.keep("factor_dtype", decay * blk[k] + weight * products[k])
-                if c.grafting in ("adam", "rms"):
+                if c.grafting != "adagrad":
                     blk["A"] = self.keep("graft_dtype", c.beta_graft * blk["A"] + (1 - c.beta_graft) * G * G)
                     cA = 1 - c.beta_graft**t if c.bias_correction else 1.0
                 else:
@@ -208,11 +224,15 @@ class ReferenceDash:
                 if c.nesterov_G:
                     momentum, cG = c.beta_G * blk["Gt"] / cG + (1 - c.beta_G) * G, 1.0
                 D = (momentum / cG) / (c.eps_graft + (blk["A"] / cA).sqrt())
+                norm = spectral_norm if c.grafting == "spectral" else torch.linalg.norm
                 if c.grafting == "rms":
                     n = c.graft_rms * D.numel() ** 0.5
-                    D = n * D / (torch.linalg.norm(D) + 1e-16)
+                elif c.grafting == "spectral":
+                    n = c.graft_rms * max(D.shape) ** 0.5
                 else:
                     n = torch.linalg.norm(D)
+                if c.grafting in ("rms", "spectral"):
+                    D = n * D / (norm(D) + 1e-16)
                 if not self.preconditioned(t, blk):
                     P = D
                 else:
@@ -225,7 +245,7 @@ class ReferenceDash:
                         U = self.diagonal_root(blk["A"].sum(dim=1))[:, None] * U
                     elif blk["diagonal"] == "cols":
                         U = U * self.diagonal_root(blk["A"].sum(dim=0))[None, :]
-                    P = n * U / (torch.linalg.norm(U) + 1e-16)
+                    P = n * U / (norm(U) + 1e-16)
                 if c.mu > 0:
                     blk["M"] = c.mu * blk["M"] + P
                     P = P + c.mu * blk["M"] if c.nesterov else blk["M"]

@@ -37,6 +37,9 @@ CONFIGS = {
     "relative-floor-order2-late-start": dict(
         solver="eigh", inv_root_freq=1, eps_rel=1e-3, root_order=2, start_prec_step=3, grafting="rms"
     ),
+    "spectral-nesterov-G-late-start": dict(
+        solver="eigh", inv_root_freq=2, grafting="spectral", graft_rms=0.3, nesterov_G=True, start_prec_step=3
+    ),
     "nesterov-G-nobc-floor-momentum": dict(
         solver="eigh", inv_root_freq=3, nesterov_G=True, bias_correction=False, eps_rel=1e-2, mu=0.5, beta_G=0.95
     ),

@@ -48,6 +48,7 @@ ORACLE_CONFIGS = {
     "f3-rms-nesterov-G-floor-order3": dict(
         inv_root_freq=3, eps=1e-3, grafting="rms", nesterov_G=True, eps_rel=1e-3, root_order=3
     ),
+    "f3-spectral": dict(inv_root_freq=3, eps=1e-3, grafting="spectral"),
 }
 
 

@@ -14,6 +14,7 @@ import torch
 import dash_fn
 from conftest import mixed_params, random_grads
 from dash_fn.roots import solve, start_vectors
+from dash_fn.roots.scaling import spectral_norm_estimate
 from dash_fn.strategy import ACCELERATOR, CPU, simulated_accelerator
 from syncs import SyncCounter, inspecting_backend
 
@@ -45,6 +46,41 @@ def test_rms_grafting_gives_every_block_the_same_rms_before_and_after_its_roots(
             expected = lr * 0.3 * math.sqrt(block.numel())
             assert float(block.norm()) == pytest.approx(expected, rel=1e-12), t
         params = new
+
+
+@pytest.mark.parametrize("schedule", ["periodic", "staggered"])
+def test_spectral_grafting_gives_every_block_muons_spectral_norm(schedule):
+    """grafting="spectral" (mu = wd = 0): each block's update has spectral norm
+    lr graft_rms sqrt(max(rows, cols)), up to the power iteration's estimate (which never
+    exceeds sigma_max, so the norm is never below it), before and after its roots."""
+    config = dash_fn.DashConfig(
+        block_size=8, solver="eigh", grafting="spectral", inv_root_freq=3, refresh_schedule=schedule
+    )
+    params = {"w": torch.randn(20, 13, dtype=torch.float64, generator=torch.Generator().manual_seed(0))}
+    state, lr = dash_fn.init(params, config), 0.01
+    for t in range(1, 6):
+        grads = {"w": random_grads(params, t)["w"] * 10.0 ** (t - 3)}
+        new, state = dash_fn.step(params, grads, state, lr=lr, refresh=dash_fn.is_refresh_step(config, t))
+        for block in blocks_of(new["w"] - params["w"], 8):
+            target = lr * 0.2 * math.sqrt(max(block.shape))
+            assert target * (1 - 1e-12) <= float(torch.linalg.matrix_norm(block, ord=2)) < 1.05 * target, t
+        params = new
+
+
+def test_spectral_norm_estimate_converges_and_never_overshoots():
+    """On blocks of known singular values (sigma_2 / sigma_1 = 0.5), the estimate is sigma_1
+    to (1/4)^8; on nearly equal ones it stays within them; a zero block gives 0."""
+    gen = torch.Generator().manual_seed(3)
+    U = torch.linalg.qr(torch.randn(4, 12, 12, dtype=torch.float64, generator=gen))[0][..., :7]
+    V = torch.linalg.qr(torch.randn(4, 7, 7, dtype=torch.float64, generator=gen))[0]
+    spread = torch.tensor([3.0, 1.5, 1.0, 0.5, 0.2, 0.1, 0.0], dtype=torch.float64)
+    close = torch.tensor([3.0, 2.99, 2.98, 1.0, 0.5, 0.1, 0.0], dtype=torch.float64)
+    X = torch.stack([U[0] * spread @ V[0].T, U[1] * close @ V[1].T, 1e30 * U[2] * spread @ V[2].T, 0 * U[3]])
+    got = spectral_norm_estimate(X).flatten()
+    assert abs(float(got[0]) - 3.0) < 3.0 * 1e-4 and float(got[0]) <= 3.0
+    assert 2.98 <= float(got[1]) <= 3.0
+    assert abs(float(got[2]) / 3e30 - 1) < 1e-4  # no overflow
+    assert float(got[3]) == 0.0
 
 
 @pytest.mark.parametrize("strategy", [CPU, ACCELERATOR], ids=["cpu-op", "device-form"])
@@ -94,10 +130,12 @@ def test_options_the_solver_cannot_serve_are_refused():
 
 
 @pytest.mark.sets_accelerator
-def test_all_options_compile_to_one_graph_without_syncs():
+@pytest.mark.parametrize("grafting", ["rms", "spectral"])
+def test_all_options_compile_to_one_graph_without_syncs(grafting):
     """Staggered, every option on, NDB: one graph over three periods, no node reading the
     device, nothing CUDA graphs would skip; and eager steps make no sync."""
-    config = dash_fn.DashConfig(block_size=8, solver="ndb", inv_root_freq=3, newton_steps=4, mu=0.5, **ALL_OPTIONS)
+    options = {**ALL_OPTIONS, "grafting": grafting}
+    config = dash_fn.DashConfig(block_size=8, solver="ndb", inv_root_freq=3, newton_steps=4, mu=0.5, **options)
     params, graphs = mixed_params(shapes={"w": (24, 20), "thin": (2, 40), "b": (20,)}), []
     compiled = torch.compile(dash_fn.step, fullgraph=True, backend=inspecting_backend(graphs))
     with simulated_accelerator():
@@ -119,8 +157,8 @@ def test_all_options_compile_to_one_graph_without_syncs():
 
 @pytest.mark.parametrize("solver", ["eigh", "ndb"])
 def test_a_checkpoint_with_all_options_resumes_bit_exact(solver, tmp_path):
-    order = {"eigh": 3, "ndb": 2}[solver]
-    config = dash_fn.DashConfig(block_size=8, solver=solver, inv_root_freq=3, **{**ALL_OPTIONS, "root_order": order})
+    changes = {"eigh": dict(root_order=3, grafting="spectral"), "ndb": {}}[solver]
+    config = dash_fn.DashConfig(block_size=8, solver=solver, inv_root_freq=3, **{**ALL_OPTIONS, **changes})
 
     def run(params, state, steps):
         for t in steps:

@@ -54,6 +54,31 @@ def frobenius_scale(X: torch.Tensor) -> torch.Tensor:
     return _safe_norm(X, (-2, -1))
 
 
+# power iterations of the spectral-norm estimate: its relative error falls as (s2 / s1)^(2T),
+# and where s2 is close to s1 the estimate is close to s1 anyway (a weighted mean of the s_i)
+SPECTRAL_STEPS = 8
+
+
+def spectral_norm_estimate(X: torch.Tensor, steps: int = SPECTRAL_STEPS) -> torch.Tensor:
+    """sigma_max of each block of a (K, r, c) stack, shape (K, 1, 1), by ``steps`` power
+    iterations on ``X^T X`` (docs/ALGORITHM.md 4 f). The start is the squared column norms, a
+    deterministic vector with a component along the top right singular vector for any X whose
+    columns' energies are not exactly orthogonal to it; the estimate ``||X v||`` (``||v|| = 1``)
+    never exceeds sigma_max. Computed on ``X / max|X|`` (no overflow); 0 for a zero block."""
+    peak = X.abs().amax(dim=(-2, -1), keepdim=True)
+    Y = X / torch.where(peak > 0, peak, torch.ones_like(peak))
+    v = _unit(Y.square().sum(dim=-2).unsqueeze(-1))  # (K, c, 1)
+    for _ in range(steps):
+        v = _unit(stacked_matmul(Y.mT, stacked_matmul(Y, v)))
+    return torch.linalg.vector_norm(stacked_matmul(Y, v), dim=(-2, -1), keepdim=True) * peak
+
+
+def _unit(v: torch.Tensor) -> torch.Tensor:
+    """Each column of a (K, n, 1) stack scaled to unit length (a zero column stays zero)."""
+    norm = torch.linalg.vector_norm(v, dim=(-2, -1), keepdim=True)
+    return v / torch.where(norm > 0, norm, torch.ones_like(norm))
+
+
 def _normalize_columns(W: torch.Tensor) -> torch.Tensor:
     """Columns scaled to unit length; zero columns stay zero."""
     norm = _safe_norm(W, (-2,))

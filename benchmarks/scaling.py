@@ -68,6 +68,9 @@ OPTIMIZERS = {
     "dash-betaG95": ("dash-defaults", ["--dash", "beta_G=0.95"]),
     "dash-freq3": ("dash-defaults", ["--dash", "inv_root_freq=3"]),
     "dash-betaLR9": ("dash-defaults", ["--dash", "beta_LR=0.9"]),
+    "dash-spectral": ("dash-defaults", ["--dash", "grafting=spectral"]),
+    # the options that helped alone at size s, together
+    "dash-combo": ("dash-defaults", ["--dash", "nesterov_G=true", "inv_root_freq=3", "root_order=3", "eps_rel=1e-5"]),
     # Muon with its Newton-Schulz iterations in float32, on CPUs whose bfloat16 products are slow
     # (benchmarks/muon_precision.py): the same math at higher precision
     "muon-fp32": ("muon", ["--muon-float32"]),

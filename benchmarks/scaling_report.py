@@ -218,15 +218,20 @@ def plot(sizes: list[str], folder: Path) -> None:
     print("\nwrote " + ", ".join(map(str, written)))
 
 
+# the update-size plot's lines: the defaults, the fixed-norm rules, Nesterov and Muon
+UPDATE_SIZE_LABELS = ["dash-defaults", "dash-rms", "dash-spectral", "dash-nesterov", "dash-combo", "muon", "muon-fp32"]
+
+
 def plot_update_sizes(sizes: list[str], folder: Path, plt) -> Path:
     """scaling_update_rms.png: each optimizer's per-entry update size (lr x the RMS of its
     direction, averaged over the hidden matrices) against the step, at its best rate, seed 0."""
     fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4), squeeze=False)
     for ax, size in zip(axes[0], sizes):
-        for label, runs in tuned(size).items():
-            run = next((r for r in runs if r["seed"] == 0 and "update_rms" in r), None)
+        shown = [label for label in UPDATE_SIZE_LABELS if label in tuned(size)]
+        for i, label in enumerate(shown):
+            run = next((r for r in tuned(size)[label] if r["seed"] == 0 and "update_rms" in r), None)
             if run is not None:
-                ax.plot(run["val_step"], run["update_rms"], label=f"{label} @ {run['lr']:g}", color=COLORS.get(label))
+                ax.plot(run["val_step"], run["update_rms"], label=f"{label} @ {run['lr']:g}", color=f"C{i}")
         ax.set(yscale="log", xlabel="step", ylabel="lr x RMS of the update", title=f"size {size}: update size")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

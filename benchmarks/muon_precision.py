@@ -50,7 +50,9 @@ def step_seconds(shapes: list[tuple[int, int]], float32: bool, reps: int) -> flo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--reps", type=int, default=5, help="timed steps per form")
     args = parser.parse_args()
     assert muon_module._zeropower_via_newtonschulz  # the iteration this script times

@@ -46,10 +46,11 @@ CONFIGS = {
 }
 
 
-def run_both(config, dtype, steps, lr=0.01, scale=1.0):
+def run_both(config, dtype, steps, lr=0.01, scale=1.0, root=None):
+    """dash_fn and the reference from the same start; ``root`` replaces the reference's eigh root."""
     params = mixed_params(dtype)
     state = dash_fn.init(params, config)
-    ref = ReferenceDash(mixed_params(torch.float64), config)
+    ref = ReferenceDash(mixed_params(torch.float64), config, root=root)
     ref_params = mixed_params(torch.float64)
     for t in range(1, steps + 1):
         grads = random_grads(params, t, scale=scale)
@@ -165,15 +166,7 @@ def test_relative_damping_of_the_newton_solvers_matches_the_shifted_eigh_root(so
         mu, Q = torch.linalg.eigh(Xr + config.eps_rel * torch.linalg.norm(Xr) * identity)
         return Q @ torch.diag(mu ** (-1.0 / p)) @ Q.T
 
-    params = mixed_params(torch.float64)
-    state = dash_fn.init(params, config)
-    ref = ReferenceDash(mixed_params(torch.float64), config, root=damped_root)
-    ref_params = mixed_params(torch.float64)
-    for t in range(1, 7):
-        params, state = dash_fn.step(
-            params, random_grads(params, t), state, lr=0.01, refresh=dash_fn.is_refresh_step(config, t)
-        )
-        ref_params = ref.step(ref_params, random_grads(ref_params, t), 0.01)
+    params, ref_params = run_both(config, torch.float64, steps=6, root=damped_root)
     errs = max_relative_error(params, ref_params)
     assert max(errs.values()) < 1e-9, errs
 
@@ -190,14 +183,6 @@ def test_chebyshev_inside_step_matches_the_shifted_eigh_root():
         mu, Q = torch.linalg.eigh(X + config.cheb_eps * s * torch.eye(X.shape[0], dtype=X.dtype))
         return Q @ torch.diag(mu ** (-1.0 / p)) @ Q.T
 
-    params = mixed_params(torch.float64)
-    state = dash_fn.init(params, config)
-    ref = ReferenceDash(mixed_params(torch.float64), config, root=shifted_root)
-    ref_params = mixed_params(torch.float64)
-    for t in range(1, 9):
-        params, state = dash_fn.step(
-            params, random_grads(params, t), state, lr=0.01, refresh=dash_fn.is_refresh_step(config, t)
-        )
-        ref_params = ref.step(ref_params, random_grads(ref_params, t), 0.01)
+    params, ref_params = run_both(config, torch.float64, steps=8, root=shifted_root)
     errs = max_relative_error(params, ref_params)
     assert max(errs.values()) < 1e-5, errs

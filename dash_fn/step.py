@@ -251,9 +251,10 @@ def _direction(ctx: _Step, g: int, Gt: torch.Tensor, D: torch.Tensor) -> torch.T
     config, local = ctx.config, ctx.local
     group = local.groups[g]
     norm, graft = _norm_and_target(ctx, group, D)
-    if config.grafting in FIXED_NORMS:
-        D = D.mul_(graft / (norm(D) + 1e-16))  # D: this step's own temporary
     s = config.start_prec_step
+    # D is returned only before a block's first root: never under the periodic schedule from step 1
+    if config.grafting in FIXED_NORMS and (s != 1 or config.refresh_schedule == "staggered"):
+        D = D.mul_(graft / (norm(D) + 1e-16))  # D: this step's own temporary
     if s == math.inf:
         return D
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import faulthandler
+import functools
 import os
 import sys
 import time
@@ -61,6 +62,9 @@ TINY_LAYER = {"qkv": (96, 32), "o": (32, 32), "gate": (88, 32), "up": (88, 32), 
 # rank-deficient factors (batches of 32) amplify rounding noise by eps^(-1/4) in any two programs
 EPS = 1e-6
 CHECK_CONFIG = dict(solver="ndb", inv_root_freq=2, mu=0.5, eps=EPS, eps_graft=1e-8)  # (eps_graft: says eps is damping)
+# the update-rule options (docs/ALGORITHM.md 4 c-e) on the same step: the spectral rule's power
+# iteration, the relative floor and Nesterov's look-ahead are the parts a CUDA graph has not seen
+UPDATE_RULES_CONFIG = CHECK_CONFIG | dict(grafting="spectral", eps_rel=1e-5, nesterov_G=True)
 # ||W_compiled - W_eager|| / ||W_eager|| after the steps: fused kernels round differently, no more
 COMPILED_TOLERANCE = 1e-4
 # ||W_float32 - W_float64|| / ||W_float64|| after 12 steps is float32 rounding amplified by the
@@ -188,8 +192,9 @@ def adapter_run(device: torch.device, width: int, block: int, compile) -> Callab
     return [lambda x=x: one(x) for x in data], lambda: {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
-def functional_run(device: torch.device, width: int, block: int, compile):
-    """The functional step (compiled with ``compile`` options, or eager when None) on the same
+def functional_run(device: torch.device, width: int, block: int, compile, options: dict = CHECK_CONFIG):
+    """The functional step (compiled with ``compile`` options, or eager when None; ``options``
+    the DashConfig's) on the same
     model's parameters and fixed gradients. Under CUDA graphs a replay overwrites the previous
     replay's outputs, so each call's new params are copied into the same input buffers (static
     addresses, as the state's) before the next call."""
@@ -197,7 +202,7 @@ def functional_run(device: torch.device, width: int, block: int, compile):
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     for x in params.values():
         torch._dynamo.mark_static_address(x, guard=False)
-    config = dash_fn.DashConfig(block_size=block, **CHECK_CONFIG)
+    config = dash_fn.DashConfig(block_size=block, **options)
     state = dash_fn.init(params, config)
     step = dash_fn.step if compile is None else torch.compile(dash_fn.step, fullgraph=True, **compile)
     gen = torch.Generator().manual_seed(1)
@@ -241,7 +246,12 @@ def sync_and_graph_rows(report: Report, deadline: Deadline, device: torch.device
     cuda = device.type == "cuda"
     graphs = " + CUDA graphs" if cuda else ""
     references: dict[str, dict] = {}
-    for kind, make in (("adapter", adapter_run), ("functional step", functional_run)):
+    update_rules = functools.partial(functional_run, options=UPDATE_RULES_CONFIG)
+    for kind, make in (
+        ("adapter", adapter_run),
+        ("functional step", functional_run),
+        ("functional step, spectral rule + eps_rel + nesterov_G", update_rules),
+    ):
 
         def eager(kind=kind, make=make) -> tuple[str, bool]:
             steps, params = make(device, width, block, False if kind == "adapter" else None)
@@ -291,10 +301,12 @@ def accuracy(device: torch.device, shapes: dict, block: int, solver: str, steps:
     return relative_difference(on_device, exact), relative_difference(on_cpu, exact)
 
 
+EIGH_NOT_GRAPHED = "torch.linalg.eigh reads cuSOLVER's error flags on the host, which stream capture rejects"
+
+
 def compiled_variants(dry_run: bool, solver: str) -> dict[str, dict]:
-    """The compiled rows of a solver's table: name -> torch.compile options. Never eigh under
-    CUDA graphs: torch.linalg.eigh reads cuSOLVER's error flags on the host, which stream
-    capture rejects."""
+    """The compiled rows of a solver's table: name -> torch.compile options; never eigh under
+    CUDA graphs (``EIGH_NOT_GRAPHED``)."""
     if dry_run:
         return {"dash_fn compiled (aot_eager)": {"backend": "aot_eager"}}
     variants = {
@@ -318,7 +330,7 @@ def timing_rows(report: Report, deadline: Deadline, args, device, shapes, block:
     for solver in args.solver:
         variants = compiled_variants(args.dry_run, solver)
         if not args.dry_run and solver == "eigh":
-            report.row("eigh: CUDA-graph rows", "not timed: " + compiled_variants.__doc__.split(": ", 1)[1].strip())
+            report.row("eigh: CUDA-graph rows", f"not timed: {EIGH_NOT_GRAPHED}")
 
         def table(solver=solver, variants=variants) -> tuple[str, bool]:
             before = cudagraph_skips()

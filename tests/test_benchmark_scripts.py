@@ -50,8 +50,8 @@ def test_gpu_check_fails_on_wrong_numbers(tmp_path, monkeypatch):
     where the CPU's float32 is close, fail their rows (a run that only crashes can't catch them)."""
 
     def off_when_compiled(make):
-        def run(device, width, block, compile):
-            steps, params = make(device, width, block, compile)
+        def run(device, width, block, compile, **options):
+            steps, params = make(device, width, block, compile, **options)
             if compile in (None, False):
                 return steps, params
             return steps, lambda: {k: v * (1 + 1e-3) for k, v in params().items()}
@@ -68,6 +68,7 @@ def test_gpu_check_fails_on_wrong_numbers(tmp_path, monkeypatch):
     assert failed == [
         "adapter, compiled",
         "functional step, compiled",
+        "functional step, spectral rule + eps_rel + nesterov_G, compiled",
         "ndb: float32 on cpu vs float64 on CPU, 12 steps, max relative difference",
         "eigh: float32 on cpu vs float64 on CPU, 12 steps, max relative difference",
     ]
@@ -85,7 +86,12 @@ def test_gpu_check_fails_a_row_that_cuda_graphs_skipped(tmp_path, monkeypatch):
     report = tmp_path / "gpu.md"
     assert gpu_check.main(["--dry-run", "--solver", "ndb", "--out", str(report)]) == 1
     failed = [line.split(" | ")[0][2:] for line in report.read_text().splitlines() if line.endswith("**FAILED** |")]
-    assert failed == ["adapter, compiled", "functional step, compiled", "ndb: step times, tiny"]
+    assert failed == [
+        "adapter, compiled",
+        "functional step, compiled",
+        "functional step, spectral rule + eps_rel + nesterov_G, compiled",
+        "ndb: step times, tiny",
+    ]
 
 
 def test_gpu_check_times_eigh_without_cuda_graphs():
@@ -100,7 +106,7 @@ def test_gpu_check_starts_no_row_past_its_budget(tmp_path):
     out = report.read_text()
     assert "| adapter, eager | not run: 0 s of the budget left" in out
     assert "| ndb: step times, tiny | not run:" in out and "| dash_fn eager |" not in out
-    assert "every check that ran passed; 9 not run (budget)" in out.splitlines()[-1]
+    assert "every check that ran passed; 11 not run (budget)" in out.splitlines()[-1]
 
 
 def test_step_bench_quick(capsys):

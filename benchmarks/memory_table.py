@@ -48,6 +48,7 @@ DASH_OPTIONS = {
     "dash_fn default": {},
     "dash_fn thin_ratio=inf (every block two-sided)": {"thin_ratio": math.inf},
     "dash_fn thin_ratio=4 (thin blocks)": {"thin_ratio": 4.0},
+    "dash_fn preconditioner=eigenvalue_corrected": {"preconditioner": "eigenvalue_corrected"},
     "dash_fn root_dtype=bf16": {"root_dtype": BF16},
     "dash_fn grad_ema_dtype=bf16": {"grad_ema_dtype": BF16},
     "dash_fn graft_dtype=bf16": {"graft_dtype": BF16},

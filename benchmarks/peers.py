@@ -33,6 +33,10 @@ has eigh; the preconditioning start is ``--start``, 10 by default):
   ``dash-eager``): block_size 256, solver "eigh", inv_root_freq 1 / 10, start_prec_step 10,
   otherwise dash_fn's defaults (eps 1e-10, beta_G 0.9, beta_LR 0.95, Adam grafting with
   beta_graft 0.95, eps_graft 1e-8, mu 0, vectors by AdamW with betas (0.9, 0.95)).
+  ``dash-ec-compiled``, ``dash-ec-eager``: the same with
+  ``preconditioner="eigenvalue_corrected"`` (eigh eigenbases; Adam in them with beta_G 0.9,
+  beta_graft 0.95, eps_graft 1e-8: SOAP's betas and eps as the soap row has them);
+  ``dash-ec-qr-compiled``: with solver "qr" (one orthogonal-iteration step a refresh, as SOAP).
 - Meta's Distributed Shampoo (``distributed-shampoo``; github.com/facebookresearch/optimizers,
   not on PyPI: ``git clone`` it and ``pip install --no-deps --ignore-requires-python -e``), as
   close to the above as it goes: matrices in a group with max_preconditioner_dim 256,
@@ -223,17 +227,17 @@ def split_params(params: dict) -> tuple[list, list]:
     return [p for p in params.values() if p.ndim == 2], [p for p in params.values() if p.ndim != 2]
 
 
-def build_dash(compile: bool):
+def build_dash(compile: bool, **options):
     def build(params, freq, args):
         return dash_fn.DASH(
             list(params.values()),
             lr=1e-3,
             compile=compile,
             block_size=args.block_size,
-            solver="eigh",
             inv_root_freq=freq,
             start_prec_step=args.start,
             refresh_schedule="periodic",  # as Distributed Shampoo: every root at once
+            **{"solver": "eigh", **options},
         )
 
     return build
@@ -336,6 +340,30 @@ PEERS = [
         "freq 1: inv_root_freq=1 (eigh roots of every block each step); freq 10: inv_root_freq=10.",
     ),
     Peer("dash-eager", "dash_fn.DASH eager", None, build_dash(False), True, "as the compiled row."),
+    Peer(
+        "dash-ec-compiled",
+        "dash_fn.DASH eigenvalue-corrected, compile=True",
+        None,
+        build_dash(True, preconditioner="eigenvalue_corrected"),
+        True,
+        "freq 1 / 10: the eigh eigenbases of every block; Adam runs in the bases every step (SOAP's form).",
+    ),
+    Peer(
+        "dash-ec-eager",
+        "dash_fn.DASH eigenvalue-corrected, eager",
+        None,
+        build_dash(False, preconditioner="eigenvalue_corrected"),
+        True,
+        "as the compiled row.",
+    ),
+    Peer(
+        "dash-ec-qr-compiled",
+        "dash_fn.DASH eigenvalue-corrected, qr bases, compile=True",
+        None,
+        build_dash(True, preconditioner="eigenvalue_corrected", solver="qr"),
+        True,
+        "freq 1 / 10: one orthogonal-iteration step (product + QR) per factor, as HeavyBall's SOAP refresh.",
+    ),
     Peer(
         "distributed-shampoo",
         "Meta Distributed Shampoo (eigh)",

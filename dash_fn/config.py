@@ -10,7 +10,10 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-SOLVERS = ("eigh", "cn", "ndb", "chebyshev", "auto")
+SOLVERS = ("eigh", "cn", "ndb", "chebyshev", "qr", "auto")
+ROOT_SOLVERS = ("eigh", "cn", "ndb", "chebyshev")  # what preconditioner="shampoo" computes roots with
+BASIS_SOLVERS = ("eigh", "qr")  # what preconditioner="eigenvalue_corrected" computes eigenbases with
+PRECONDITIONERS = ("shampoo", "eigenvalue_corrected")
 SCALINGS = ("fro", "pi", "pim")
 EIGH_HEURISTICS = ("shampoo", "abs", "abs_add", "relu")
 GRAFTINGS = ("adam", "adagrad", "rms", "spectral")
@@ -36,9 +39,22 @@ class DashConfig:
             long (2.2, 2.3). Fixes the state's layout. (The paper uses 1024: docs/ALGORITHM.md
             9, "Defaults against the reference and the paper", says why 256 is the default.)
 
+    Preconditioner:
+        ``preconditioner`` = "shampoo": "shampoo" (each block's gradient EMA multiplied by its
+            factors' inverse roots, grafted onto Adam's norm) or "eigenvalue_corrected" (Adam run
+            in the eigenbasis of each block's factors, SOAP's form, no grafting: 4 k). In the
+            second, ``solver`` computes the eigenbases ("eigh", "qr" or "auto"), the grafting
+            moment (``beta_graft``, ``eps_graft``, "adam" or "adagrad") is Adam's second moment
+            in the eigenbasis, and ``eps_rel``, ``root_order`` and the fixed-norm graftings do
+            not apply (refused when set).
+        ``qr_steps`` = 1, int >= 1: orthogonal iterations ``Q <- qr(F Q)`` per refresh of the
+            "qr" basis solver, warm-started from the block's previous basis (5.7).
+
     Roots and solvers:
         ``solver`` = "auto": "eigh", "cn" (coupled Newton), "ndb" (Newton-Denman-Beavers),
-            "chebyshev", or "auto" (eigh on the CPU, ndb on other devices) (5).
+            "chebyshev", or "auto" (eigh on the CPU, ndb on other devices) (5). Under
+            ``preconditioner="eigenvalue_corrected"``: "eigh", "qr" or "auto" (eigh on the
+            CPU, qr on other devices: eigh syncs there, 5.7).
         ``newton_steps`` = 10, int >= 1: iterations of CN and of each NDB call.
         ``inv_root_freq`` = 10, int >= 1: roots refreshed at step start_prec_step and every
             inv_root_freq-th step after it (4 d).
@@ -145,6 +161,8 @@ class DashConfig:
     """
 
     block_size: int = 256
+    preconditioner: str = "shampoo"
+    qr_steps: int = 1
     solver: str = "auto"
     scaling: str = "pim"
     newton_steps: int = 10
@@ -202,9 +220,11 @@ class DashConfig:
         _check_int(self, "pim_vectors", 1)
         _check_int(self, "scaling_seed", 0)
         _check_int(self, "root_order", 1)
+        _check_int(self, "qr_steps", 1)
         s = self.start_prec_step
         if not (s == math.inf or (_is_int(s) and s >= 1)):
             raise ValueError(f"DashConfig.start_prec_step must be an integer >= 1 or math.inf, got {s!r}")
+        _check_choice(self, "preconditioner", PRECONDITIONERS)
         _check_choice(self, "solver", SOLVERS)
         _check_choice(self, "refresh_schedule", REFRESH_SCHEDULES)
         _check_choice(self, "scaling", SCALINGS)
@@ -275,6 +295,21 @@ def check_solver_options(config: DashConfig, solver: str) -> None:
 
 def _unsupported(config: DashConfig, solver: str) -> str | None:
     p = config.root_order
+    if config.preconditioner == "eigenvalue_corrected":
+        if solver not in (*BASIS_SOLVERS, "auto"):
+            return (
+                f"preconditioner 'eigenvalue_corrected' computes eigenbases with {BASIS_SOLVERS}, not solver {solver!r}"
+            )
+        if config.grafting not in ("adam", "adagrad"):
+            return (
+                f"preconditioner 'eigenvalue_corrected' takes no grafting (Adam's second moment in the eigenbasis "
+                f"sets each entry's scale); grafting={config.grafting!r} must be 'adam' (an EMA moment) or 'adagrad'"
+            )
+        if config.eps_rel > 0 or p != 4:
+            return "preconditioner 'eigenvalue_corrected' computes no roots: eps_rel and root_order do not apply"
+        return None
+    if solver == "qr":
+        return "solver 'qr' computes eigenbases, for preconditioner='eigenvalue_corrected'; roots need another"
     if solver == "ndb" and (p < 2 or p & (p - 1)):
         return f"solver 'ndb' takes roots of a power-of-two order (>= 2), not root_order={p}; use eigh, cn or chebyshev"
     if solver == "chebyshev" and config.eps_rel > 0:

@@ -129,6 +129,9 @@ def _apply(
     _refresh(ctx, refresh)  # d
     directions = []
     for g, G in enumerate(blocks):
+        if config.preconditioner == "eigenvalue_corrected":
+            directions.append(_corrected_direction(ctx, g, G))  # k
+            continue
         Gt, D = forms.adam_direction(config, state["groups", str(g)], G, ctx.corrections, t, guard)  # c, e, f
         directions.append(_direction(ctx, g, Gt, D))  # g
     if config.mu > 0:  # h
@@ -257,15 +260,11 @@ def _direction(ctx: _Step, g: int, Gt: torch.Tensor, D: torch.Tensor) -> torch.T
         D = D.mul_(graft / (norm(D) + 1e-16))  # D: this step's own temporary
     if s == math.inf:
         return D
-
-    def roots(side):  # widened to the state dtype (dash_fn.storage)
-        return ctx.state["factors", str(side.stack), "Fbar"][side.offset : side.offset + group.count].to(local.dtype)
-
     U = Gt
     if group.left is not None:
-        U = stacked_matmul(roots(group.left), U)
+        U = stacked_matmul(_refreshed(ctx, group, group.left), U)
     if group.right is not None:
-        U = stacked_matmul(U, roots(group.right))
+        U = stacked_matmul(U, _refreshed(ctx, group, group.right))
     if group.diagonal_dim is not None:  # a thin block's long side (docs/ALGORITHM.md 2.5)
         A = ctx.state["groups", str(g), "A"].to(local.dtype)
         U = U * _diagonal_root(A, group.diagonal_dim, config.root_order, config.eps, config.eps_rel)
@@ -278,6 +277,35 @@ def _direction(ctx: _Step, g: int, Gt: torch.Tensor, D: torch.Tensor) -> torch.T
 
 
 FIXED_NORMS = ("rms", "spectral")
+
+
+def _refreshed(ctx: _Step, group, side) -> torch.Tensor:
+    """The group's slice of a factor stack's refreshed matrices ``Fbar`` (inverse roots, or
+    eigenbases under the eigenvalue-corrected preconditioner), widened to the state dtype
+    (:mod:`dash_fn.storage`)."""
+    return ctx.state["factors", str(side.stack), "Fbar"][side.offset : side.offset + group.count].to(ctx.local.dtype)
+
+
+def _corrected_direction(ctx: _Step, g: int, G: torch.Tensor) -> torch.Tensor:
+    """The eigenvalue-corrected direction (k): Adam's direction in the eigenbases ``Q_L, Q_R``
+    of the block's factors, rotated back, ``Q_L [rot(Gt_hat) / (sqrt(A_hat) + eps)] Q_R^T``
+    with ``rot(X) = Q_L^T X Q_R`` and ``A`` the EMA of ``rot(G)^2``. A thin block's diagonal
+    side and a one-sided segment's missing side are not rotated (their basis is I), as is
+    every block before its first basis (its ``Fbar`` is still I: Adam's direction)."""
+    group = ctx.local.groups[g]
+    left = None if group.left is None else _refreshed(ctx, group, group.left)
+    right = None if group.right is None else _refreshed(ctx, group, group.right)
+
+    def rotate(X: torch.Tensor) -> torch.Tensor:
+        if left is not None:
+            X = stacked_matmul(left.mT, X)
+        return X if right is None else stacked_matmul(X, right)
+
+    entry = ctx.state["groups", str(g)]
+    _, D = ctx.forms.adam_direction(ctx.config, entry, G, ctx.corrections, ctx.t, ctx.guard, rotate)
+    if left is not None:
+        D = stacked_matmul(left, D)
+    return D if right is None else stacked_matmul(D, right.mT)
 
 
 def _norm_and_target(ctx: _Step, group, D: torch.Tensor):

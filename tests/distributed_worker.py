@@ -61,6 +61,12 @@ SCENARIOS["update_rules"] = (  # every option of docs/ALGORITHM.md 4 e, 4 g, 5.6
         block_size=24, solver="eigh", grafting="rms", nesterov_G=True, eps_rel=1e-4, root_order=3, mu=0.5
     ),
 )
+SCENARIOS["eigenvalue_corrected"] = (  # docs/ALGORITHM.md 4 k: eigh bases, staggered, momentum, thin blocks at B = 24
+    lambda: mixed_params(),
+    dash_fn.DashConfig(
+        block_size=24, preconditioner="eigenvalue_corrected", solver="eigh", inv_root_freq=3, mu=0.5, nesterov_G=True
+    ),
+)
 BATCH_DIMS = {"moe": {"experts": 1}}  # five experts, each its own matrix
 SCENARIOS["skips"] = (lambda: mixed_params(), dash_fn.DashConfig(block_size=8, solver="eigh", inv_root_freq=2, mu=0.5))
 

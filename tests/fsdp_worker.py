@@ -48,6 +48,9 @@ SCENARIOS = {
     "update_rules": dash_fn.DashConfig(  # every option of docs/ALGORITHM.md 4 e, 4 g, 5.6
         block_size=8, solver="eigh", grafting="spectral", nesterov_G=True, eps_rel=1e-4, root_order=3, mu=0.5
     ),
+    "eigenvalue_corrected": dash_fn.DashConfig(  # docs/ALGORITHM.md 4 k: qr bases, periodic
+        block_size=8, preconditioner="eigenvalue_corrected", solver="qr", inv_root_freq=2, refresh_schedule="periodic"
+    ),
 }
 ADAPTER = dict(lr=1e-2, block_size=8, solver="eigh", mu=0.5, weight_decay=0.01)
 

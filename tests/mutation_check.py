@@ -107,8 +107,8 @@ MUTATIONS = [
     Mutation(
         "step: no bias correction of the gradient EMA",
         "dash_fn/forms.py",
-        "D = Gt / denom if cG is None else (Gt / cG).div_(denom)",
-        "D = Gt / denom",
+        "D = N / denom if cG is None else (N / cG).div_(denom)",
+        "D = N / denom",
         ("tests/test_adam_oracle.py",),
     ),
     Mutation(
@@ -149,7 +149,7 @@ MUTATIONS = [
     Mutation(
         "step: left root not applied",
         "dash_fn/step.py",
-        "U = stacked_matmul(roots(group.left), U)",
+        "U = stacked_matmul(_refreshed(ctx, group, group.left), U)",
         "U = U",
         ("tests/test_reference_agreement.py", "-k", "default-eigh and B8"),
     ),
@@ -475,6 +475,48 @@ MUTATIONS = [
         "root(d + eps, p).reciprocal()",
         "root(d + eps, 4).reciprocal()",
         ("tests/test_reference_agreement.py", "-k", "order3"),
+    ),
+    Mutation(
+        "eigenvalue-corrected: the eigenbasis in eigh's increasing order",
+        "dash_fn/roots/basis.py",
+        "return Q[..., :b, Q.shape[-1] - b :].flip(-1).contiguous()",
+        "return Q[..., :b, Q.shape[-1] - b :].contiguous()",
+        ("tests/test_eigenvalue_corrected.py", "-k", "bases_diagonalize"),
+    ),
+    Mutation(
+        "eigenvalue-corrected: orthogonal iteration forgets the factor (qr of Q alone)",
+        "dash_fn/roots/basis.py",
+        "Y = pad_aligned(torch.matmul(X, Q), 1.0)",
+        "Y = pad_aligned(Q, 1.0)",
+        ("tests/test_eigenvalue_corrected.py", "-k", "soap_reference"),
+    ),
+    Mutation(
+        "eigenvalue-corrected: the second moment of the unrotated gradient",
+        "dash_fn/forms.py",
+        "seen = G if rotate is None else rotate(G)",
+        "seen = G",
+        ("tests/test_eigenvalue_corrected.py", "-k", "soap_reference"),
+    ),
+    Mutation(
+        "eigenvalue-corrected: the gradient EMA divided in the original basis",
+        "dash_fn/forms.py",
+        "N = Gt if rotate is None else rotate(Gt)",
+        "N = Gt",
+        ("tests/test_eigenvalue_corrected.py", "-k", "soap_reference"),
+    ),
+    Mutation(
+        "eigenvalue-corrected: rotated back by Q_L^T",
+        "dash_fn/step.py",
+        "        D = stacked_matmul(left, D)",
+        "        D = stacked_matmul(left.mT, D)",
+        ("tests/test_eigenvalue_corrected.py", "-k", "soap_reference"),
+    ),
+    Mutation(
+        "eigenvalue-corrected: eigh bases on the accelerator (a sync per refresh)",
+        "dash_fn/roots/__init__.py",
+        'return "qr" if config.preconditioner == "eigenvalue_corrected" else "ndb"',
+        'return "eigh" if config.preconditioner == "eigenvalue_corrected" else "ndb"',
+        ("tests/test_eigenvalue_corrected.py", "-k", "one_compiled_graph"),
     ),
 ]
 

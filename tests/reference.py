@@ -10,6 +10,11 @@ Relative floor (eps_rel): eigenvalues (or diagonal entries) at or below eps_rel 
 an inverse root of 0. grafting="rms": every block's direction has RMS graft_rms; "spectral": its
 spectral norm (estimated as spectral_norm says) is graft_rms sqrt(max(rows, cols)). nesterov_G: the
 gradient EMA is replaced by the look-ahead beta_G Gt_hat + (1 - beta_G) G wherever it is used.
+preconditioner="eigenvalue_corrected" (SOAP, Vyas et al. 2024, eqs. of its Algorithm 3 with
+Distributed Shampoo's first moment): a refresh replaces each factor's matrix by its eigenbasis
+(eigenvectors by decreasing eigenvalue; or one orthogonal-iteration step by Gram-Schmidt from the
+previous basis), G' = Q_L^T G Q_R, V = EMA(G'^2), P = Q_L [(Q_L^T Gt Q_R / cG) / (sqrt(V / cV)
++ eps_graft)] Q_R^T, no grafting, no diagonal side.
 """
 
 from __future__ import annotations
@@ -41,6 +46,35 @@ def eigh_root(X: torch.Tensor, p: int, eps: float, heuristic: str, eps_rel: floa
     return Q @ torch.diag(scale) @ Q.T
 
 
+def eigenvectors_decreasing(X: torch.Tensor) -> torch.Tensor:
+    """The eigenbasis of one symmetric block, columns by decreasing eigenvalue."""
+    return torch.linalg.eigh(X)[1].flip(-1)
+
+
+def gram_schmidt_step(X: torch.Tensor, Q: torch.Tensor) -> torch.Tensor:
+    """One step of orthogonal iteration: Gram-Schmidt (twice, for float64 orthogonality) of the
+    columns of X Q, in order."""
+    Y = X @ Q
+    out = torch.zeros_like(Y)
+    for j in range(Y.shape[1]):
+        v = Y[:, j].clone()
+        for _ in range(2):
+            v = v - out[:, :j] @ (out[:, :j].T @ v)
+        out[:, j] = v / v.norm()
+    return out
+
+
+def rotate(blk: dict, X: torch.Tensor, back: bool = False) -> torch.Tensor:
+    """``Q_L^T X Q_R`` with a block's eigenbases (``Q_L X Q_R^T`` with ``back``); a side
+    without a factor is not rotated."""
+    QL, QR = blk.get("Lbar"), blk.get("Rbar")
+    if QL is not None:
+        X = (QL if back else QL.T) @ X
+    if QR is not None:
+        X = X @ (QR.T if back else QR)
+    return X
+
+
 def spectral_norm(X: torch.Tensor, steps: int = 8) -> torch.Tensor:
     """docs/ALGORITHM.md 4 f's estimate of sigma_max(X): power iteration on X^T X from the
     squared column norms of X / max|X|, ``steps`` times, then ||X v|| with ||v|| = 1."""
@@ -61,10 +95,12 @@ def split(length: int, size: int) -> list[tuple[int, int]]:
 
 
 class ReferenceDash:
-    def __init__(self, params: dict, config, root=None):
+    def __init__(self, params: dict, config, root=None, basis=None):
         self.c = config
         self.t = 0
         self.root = root or (lambda X, p: eigh_root(X, p, config.eps, config.eigh_heuristic, config.eps_rel))
+        self.corrected = config.preconditioner == "eigenvalue_corrected"
+        self.basis = basis or (lambda X, Q: eigenvectors_decreasing(X))
         self.state = {}
         for name, W in params.items():
             squeezed = [d for d in W.shape if d != 1]
@@ -205,15 +241,17 @@ class ReferenceDash:
                     decay = c.beta_LR if c.beta_LR < 1 else 1.0
                     weight = 1 - c.beta_LR if c.beta_LR < 1 else 1.0
                     blk[k] = self.keep("factor_dtype", decay * blk[k] + weight * products[k])
-                if c.grafting != "adagrad":
-                    blk["A"] = self.keep("graft_dtype", c.beta_graft * blk["A"] + (1 - c.beta_graft) * G * G)
-                    cA = 1 - c.beta_graft**t if c.bias_correction else 1.0
-                else:
-                    blk["A"] = self.keep("graft_dtype", blk["A"] + G * G)
-                    cA = 1.0
                 if self.refresh(t, blk):
                     for k in sides:
-                        blk[k + "bar"] = self.keep("root_dtype", self.root(blk[k], blk["p"]))
+                        new = self.basis(blk[k], blk[k + "bar"]) if self.corrected else self.root(blk[k], blk["p"])
+                        blk[k + "bar"] = self.keep("root_dtype", new)
+                seen = rotate(blk, G) if self.corrected else G
+                if c.grafting != "adagrad":
+                    blk["A"] = self.keep("graft_dtype", c.beta_graft * blk["A"] + (1 - c.beta_graft) * seen * seen)
+                    cA = 1 - c.beta_graft**t if c.bias_correction else 1.0
+                else:
+                    blk["A"] = self.keep("graft_dtype", blk["A"] + seen * seen)
+                    cA = 1.0
                 if c.beta_G > 0:
                     blk["Gt"] = self.keep("grad_ema_dtype", c.beta_G * blk["Gt"] + (1 - c.beta_G) * G)
                     cG = 1 - c.beta_G**t if c.bias_correction else 1.0
@@ -223,6 +261,13 @@ class ReferenceDash:
                 momentum = blk["Gt"]
                 if c.nesterov_G:
                     momentum, cG = c.beta_G * blk["Gt"] / cG + (1 - c.beta_G) * G, 1.0
+                if self.corrected:
+                    P = rotate(blk, (rotate(blk, momentum) / cG) / (c.eps_graft + (blk["A"] / cA).sqrt()), back=True)
+                    if c.mu > 0:
+                        blk["M"] = c.mu * blk["M"] + P
+                        P = P + c.mu * blk["M"] if c.nesterov else blk["M"]
+                    new_view[r0:r1, c0:c1] = new_view[r0:r1, c0:c1] - lr * P
+                    continue
                 D = (momentum / cG) / (c.eps_graft + (blk["A"] / cA).sqrt())
                 norm = spectral_norm if c.grafting == "spectral" else torch.linalg.norm
                 if c.grafting == "rms":

@@ -9,6 +9,9 @@ import torch
 import dash_fn
 
 BAD = [
+    ("preconditioner", "soap"),
+    ("qr_steps", 0),
+    ("qr_steps", 1.0),
     ("block_size", 0),
     ("block_size", 2.5),
     ("block_size", True),

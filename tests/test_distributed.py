@@ -166,6 +166,7 @@ SCENARIOS = [
     "staggered",
     "storage",
     "update_rules",
+    "eigenvalue_corrected",
 ]
 
 

@@ -17,6 +17,7 @@ import torch
 
 from ..config import DashConfig, check_solver_options
 from ..strategy import CPU, Strategy, for_device
+from .basis import eigenbasis, qr_basis
 from .chebyshev import chebyshev_inverse_root
 from .cn import cn_inverse_root
 from .eigh import eigh_inverse_root
@@ -27,6 +28,7 @@ from .ndb import ndb_inverse_root
 
 # solver name -> fn(X, p, config, start_vectors) -> X^{-1/p}, the device forms
 Solver = Callable[[torch.Tensor, int, DashConfig, "torch.Tensor | None"], torch.Tensor]
+MATMUL_SOLVERS = ("cn", "ndb", "chebyshev")
 SOLVERS: dict[str, Solver] = {
     "eigh": lambda X, p, config, V0: eigh_inverse_root(
         X, p, eps=config.eps, heuristic=config.eigh_heuristic, eps_rel=config.eps_rel
@@ -39,11 +41,14 @@ SOLVERS: dict[str, Solver] = {
 
 def resolve_solver(config: DashConfig, strategy: Strategy) -> str:
     """The solver a config runs under a strategy: ``auto`` picks eigh where the CPU's ops serve
-    (LAPACK beats the matmul iterations there) and NDB under the accelerator strategy (eigh
-    syncs there once per call, cuSOLVER's error check, and so cannot be captured by CUDA graphs)."""
+    (LAPACK beats the matmul iterations there) and, under the accelerator strategy, NDB for
+    roots and orthogonal iteration ("qr") for eigenbases (eigh syncs there once per call,
+    cuSOLVER's error check, and so cannot be captured by CUDA graphs)."""
     if config.solver != "auto":
         return config.solver
-    return "eigh" if strategy.cpu_ops else "ndb"
+    if strategy.cpu_ops:
+        return "eigh"
+    return "qr" if config.preconditioner == "eigenvalue_corrected" else "ndb"
 
 
 def prepare(config: DashConfig, strategy: Strategy) -> None:
@@ -51,7 +56,7 @@ def prepare(config: DashConfig, strategy: Strategy) -> None:
     start what the solver's form needs before a step runs: the CPU eigh op's threads."""
     solver = resolve_solver(config, strategy)
     check_solver_options(config, solver)
-    if solver == "eigh" and strategy.cpu_ops:
+    if solver == "eigh" and strategy.cpu_ops and config.preconditioner == "shampoo":
         start_workers()
 
 
@@ -65,7 +70,7 @@ def solve(solver: str, X: torch.Tensor, p: int, config: DashConfig, start, strat
 
 def uses_start_vectors(config: DashConfig, solver: str) -> bool:
     """Whether the solver scales by power iteration, which needs stored start vectors."""
-    return solver != "eigh" and config.scaling in ("pi", "pim")
+    return solver in MATMUL_SOLVERS and config.scaling in ("pi", "pim")
 
 
 def start_vectors(size: int, config: DashConfig, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
@@ -97,6 +102,8 @@ def inverse_root(
         raise ValueError(f"inverse_root expects a (K, b, b) stack, got shape {tuple(stack.shape)}")
     if not isinstance(p, int) or p < 1:
         raise ValueError(f"inverse_root: p must be a positive integer, got {p!r}")
+    if config.preconditioner != "shampoo":
+        raise ValueError("inverse_root computes roots: its config must have preconditioner='shampoo'")
     strategy = for_device(stack.device)
     solver = resolve_solver(config, strategy)
     if start is None and uses_start_vectors(config, solver):
@@ -145,6 +152,8 @@ def refresh_roots(
     (:func:`_traced_cpu_eigh_refresh`).
     """
     strategy = strategy or for_device(factors.device)
+    if config.preconditioner == "eigenvalue_corrected":
+        return refresh_bases(factors, roots, config, strategy)
     solver = resolve_solver(config, strategy)
     if solver == "eigh" and strategy.cpu_ops and not strategy.host_reads:
         # eps and eps_rel as a tensor: a compiled step that met other values before gets them
@@ -173,6 +182,26 @@ def refresh_roots(
         fell_back.append(failed)
         del new  # before the next chunk's temporaries
     return out, torch.cat(fell_back)
+
+
+def refresh_bases(
+    factors: torch.Tensor, bases: torch.Tensor, config: DashConfig, strategy: Strategy
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """New eigenbases for a factor stack (docs/ALGORITHM.md 5.7), keeping a block's old basis
+    where its factor or its new basis is not finite (as :func:`refresh_roots` keeps roots).
+    Their temporaries are a few stacks (LAPACK's or cuSOLVER's workspace, one product), so the
+    stack is solved whole."""
+    finite_factor = finite_blocks(factors)
+    safe = factors
+    if not strategy.holds(finite_factor):
+        identity = identity_matrix(factors.shape[-1], factors.dtype, factors.device)
+        safe = torch.where(finite_factor[:, None, None], factors, identity)
+    if resolve_solver(config, strategy) == "eigh":
+        new = eigenbasis(safe)
+    else:
+        new = qr_basis(safe, bases, config.qr_steps)
+    ok = finite_factor & finite_blocks(new)
+    return strategy.select(ok[:, None, None], new, bases).contiguous(), ~ok
 
 
 def _refresh_chunk(

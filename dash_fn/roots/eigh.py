@@ -67,7 +67,7 @@ def spectral_root(
     return torch.matmul(Q * scale.unsqueeze(-2), Q.mT, out=out)
 
 
-def pad_aligned(X: torch.Tensor) -> torch.Tensor:
+def pad_aligned(X: torch.Tensor, c: torch.Tensor | float | None = None) -> torch.Tensor:
     """Each block embedded as ``diag(X, c I)``, of a width whose rows fill whole 64-byte lines.
 
     CPU LAPACK's results depend on the memory alignment of each matrix's outputs, which for a
@@ -76,13 +76,15 @@ def pad_aligned(X: torch.Tensor) -> torch.Tensor:
     at every 4th position), and a rank holding part of a stack would not match one process.
     ``c = max |X_ii|`` keeps the norm, so no accuracy is lost; ``Q f(mu) Q^T`` of the embedding
     is ``diag(f(X), f(c) I)`` whatever c's eigenvectors mix with, so its top-left corner is
-    ``f(X)``. Aligned sizes (every full block) pass through.
+    ``f(X)``. Aligned sizes (every full block) pass through. ``c`` (a number or (K, 1)) replaces
+    that default where another embedding is wanted (:mod:`dash_fn.roots.basis`).
     """
     K, b = X.shape[0], X.shape[-1]
     padded = aligned_width(b, X.dtype)
     if padded == b:
         return X
-    c = diagonal(X).abs().amax(dim=-1, keepdim=True)
-    P = torch.diag_embed(c.expand(K, padded))
+    if c is None:
+        c = diagonal(X).abs().amax(dim=-1, keepdim=True)
+    P = torch.diag_embed(torch.as_tensor(c, dtype=X.dtype, device=X.device).expand(K, padded))
     P[:, :b, :b] = X
     return P

@@ -1,0 +1,44 @@
+"""Eigenbases of stacks of symmetric PSD blocks, for the eigenvalue-corrected preconditioner
+(docs/ALGORITHM.md 5.7).
+
+Each block's basis Q is orthogonal with its columns ordered by decreasing eigenvalue: the order
+in which orthogonal iteration converges, so that a basis refreshed by ``qr`` from one found by
+``eigh`` (or by an earlier ``qr``) keeps each column where it was, and with it the column's
+entries of the second moment kept in that basis. (In eigh's increasing order one step of
+orthogonal iteration scrambles a basis instead: each column would be orthogonalized against
+those of smaller eigenvalues first; benchmarks/basis_gpu.py shows the effect.)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .eigh import pad_aligned
+from .identity import diagonal
+
+
+def eigenbasis(X: torch.Tensor) -> torch.Tensor:
+    """Eigenvectors of each block of a symmetric (K, b, b) stack, by decreasing eigenvalue.
+
+    Blocks whose rows are not whole 64-byte lines are decomposed embedded in an aligned
+    ``diag(X, -c I)`` (c = 1 + max |X_ii|, below every eigenvalue of a PSD X), so that a
+    block's result does not depend on its position in the stack (:func:`pad_aligned`); its
+    eigenvectors are then the last b columns' top b rows. ``torch.linalg.eigh`` reads its error
+    flags on the host: one sync per call on a GPU."""
+    b = X.shape[-1]
+    below = -1 - diagonal(X).abs().amax(dim=-1, keepdim=True)
+    Q = torch.linalg.eigh(pad_aligned(X, below)).eigenvectors
+    return Q[..., :b, Q.shape[-1] - b :].flip(-1).contiguous()
+
+
+def qr_basis(X: torch.Tensor, Q: torch.Tensor, steps: int) -> torch.Tensor:
+    """``steps`` orthogonal iterations ``Q <- qr(X Q)`` from the previous bases ``Q`` (SOAP's
+    refresh): matrix products and a batched QR, no host sync. A column's sign may flip, which
+    changes nothing downstream (the second moment holds squares, and the basis rotates both
+    ways). Aligned as :func:`eigenbasis` (padded with I: the QR of ``diag(X Q, I)`` is
+    ``diag(qr(X Q), I)``)."""
+    b = X.shape[-1]
+    for _ in range(steps):
+        Y = pad_aligned(torch.matmul(X, Q), 1.0)
+        Q = torch.linalg.qr(Y).Q[..., :b, :b].contiguous()
+    return Q

@@ -76,6 +76,10 @@ OPTIMIZERS = {
     "muon-fp32": ("muon", ["--muon-float32"]),
     # the fairness row: DASH on the hidden matrices only, AdamW on the rest, as the Muon runs
     "dash-hidden": ("dash-defaults", ["--dash-hidden-only"]),
+    # issue 40: Adam in the factors' eigenbases (docs/ALGORITHM.md 4 k), otherwise the defaults
+    # (eigh bases on the CPU, refreshed in a staggered tenth every step)
+    "dash-ec": ("dash-defaults", ["--dash", "preconditioner=eigenvalue_corrected"]),
+    "dash-ec-freq3": ("dash-defaults", ["--dash", "preconditioner=eigenvalue_corrected", "inv_root_freq=3"]),
 }
 SWEPT = ["adamw", "muon", "dash-defaults", "dash-ndb"]
 # the best rates of the main job (size s; README), where the first sweep starts

@@ -212,3 +212,28 @@ def test_a_nonfinite_step_changes_nothing():
         assert torch.equal(skipped[k], clean[k]), k
     for k, x in clean_state.exclude("config", "plan", "shard", "skipped").items(True, True):
         assert torch.equal(skipped_state[k], x), k
+
+
+def test_a_stack_lapack_cannot_decompose_is_decomposed_in_float64(monkeypatch):
+    """The CPU eigenbasis retries in float64 where LAPACK reports no convergence (as MKL's
+    ssyevd did on a factor with many zero rows): the refresh never ends a run."""
+    from dash_fn.roots import basis
+
+    calls = []
+    eigh = torch.linalg.eigh
+
+    def failing_in_float32(X, *args, **kwargs):
+        calls.append(X.dtype)
+        if X.dtype == torch.float32:
+            raise torch.linalg.LinAlgError("linalg.eigh: The algorithm failed to converge")
+        return eigh(X, *args, **kwargs)
+
+    Y = torch.randn(3, 16, 40, generator=torch.Generator().manual_seed(0))
+    Y[:, 5:] = 0  # an embedding's factor: rows of tokens never seen
+    X = Y @ Y.mT
+    want = eigenbasis(X.double()).float()
+    monkeypatch.setattr(basis.torch.linalg, "eigh", failing_in_float32)
+    Q = eigenbasis(X, cpu_ops=True)
+    assert calls == [torch.float32, torch.float64]
+    assert torch.allclose(Q[:, :, :5].abs(), want[:, :, :5].abs(), atol=1e-5)  # the nonzero eigenvalues' vectors
+    assert torch.allclose(Q.mT @ Q, torch.eye(16).expand(3, 16, 16), atol=1e-5)

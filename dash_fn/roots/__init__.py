@@ -197,7 +197,7 @@ def refresh_bases(
         identity = identity_matrix(factors.shape[-1], factors.dtype, factors.device)
         safe = torch.where(finite_factor[:, None, None], factors, identity)
     if resolve_solver(config, strategy) == "eigh":
-        new = eigenbasis(safe)
+        new = eigenbasis(safe, strategy.cpu_ops)
     else:
         new = qr_basis(safe, bases, config.qr_steps)
     ok = finite_factor & finite_blocks(new)

@@ -14,21 +14,46 @@ from __future__ import annotations
 import torch
 
 from .eigh import pad_aligned
-from .identity import diagonal
+from .identity import diagonal, shifted
 
 
-def eigenbasis(X: torch.Tensor) -> torch.Tensor:
+# A relative shift of each normalized factor: eigenvectors unchanged, and exact zeros broken up
+# (a factor's rows for embedding tokens never seen), on which MKL's ssyevd failed to converge
+# (a 256 x 256 float32 factor with 158 zero rows, in train_lm; shifted, it converges)
+SHIFT = 1e-6
+
+
+def eigenbasis(X: torch.Tensor, cpu_ops: bool = False) -> torch.Tensor:
     """Eigenvectors of each block of a symmetric (K, b, b) stack, by decreasing eigenvalue.
 
-    Blocks whose rows are not whole 64-byte lines are decomposed embedded in an aligned
-    ``diag(X, -c I)`` (c = 1 + max |X_ii|, below every eigenvalue of a PSD X), so that a
-    block's result does not depend on its position in the stack (:func:`pad_aligned`); its
-    eigenvectors are then the last b columns' top b rows. ``torch.linalg.eigh`` reads its error
-    flags on the host: one sync per call on a GPU."""
+    Each block is decomposed as ``X / max_i |X_ii| + SHIFT I`` (the same eigenvectors; for a
+    PSD X, eigenvalues in [SHIFT, b + SHIFT]), and, where its rows are not whole 64-byte lines,
+    embedded in an aligned ``diag(., -I)`` (below every eigenvalue), so that its result does
+    not depend on its position in the stack (:func:`pad_aligned`); its eigenvectors are then
+    the last b columns' top b rows. ``cpu_ops``: by :func:`cpu_eigenvectors`, which retries a
+    stack LAPACK cannot decompose in float64. ``torch.linalg.eigh`` reads its error flags on
+    the host: one sync per call on a GPU."""
     b = X.shape[-1]
-    below = -1 - diagonal(X).abs().amax(dim=-1, keepdim=True)
-    Q = torch.linalg.eigh(pad_aligned(X, below)).eigenvectors
+    peak = diagonal(X).abs().amax(dim=-1, keepdim=True).clamp_min(torch.finfo(X.dtype).tiny)
+    padded = pad_aligned(shifted(X / peak[..., None], SHIFT), -1.0)
+    Q = cpu_eigenvectors(padded) if cpu_ops else torch.linalg.eigh(padded).eigenvectors
     return Q[..., :b, Q.shape[-1] - b :].flip(-1).contiguous()
+
+
+@torch.library.custom_op("dash_fn::cpu_eigenvectors", mutates_args=())
+def cpu_eigenvectors(X: torch.Tensor) -> torch.Tensor:
+    """``torch.linalg.eigh(X).eigenvectors`` of a CPU stack, again in float64 should LAPACK
+    not converge (rounded back): a refresh never ends a run. An op opaque to torch.compile, so
+    that the retry happens inside a compiled step too."""
+    try:
+        return torch.linalg.eigh(X).eigenvectors
+    except torch.linalg.LinAlgError:
+        return torch.linalg.eigh(X.double()).eigenvectors.to(X.dtype)
+
+
+@cpu_eigenvectors.register_fake
+def _(X: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(X)
 
 
 def qr_basis(X: torch.Tensor, Q: torch.Tensor, steps: int) -> torch.Tensor:

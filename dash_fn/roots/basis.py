@@ -16,7 +16,6 @@ import torch
 from .eigh import pad_aligned
 from .identity import diagonal, shifted
 
-
 # A relative shift of each normalized factor: eigenvectors unchanged, and exact zeros broken up
 # (a factor's rows for embedding tokens never seen), on which MKL's ssyevd failed to converge
 # (a 256 x 256 float32 factor with 158 zero rows, in train_lm; shifted, it converges)

@@ -237,3 +237,25 @@ def test_a_stack_lapack_cannot_decompose_is_decomposed_in_float64(monkeypatch):
     assert calls == [torch.float32, torch.float64]
     assert torch.allclose(Q[:, :, :5].abs(), want[:, :, :5].abs(), atol=1e-5)  # the nonzero eigenvalues' vectors
     assert torch.allclose(Q.mT @ Q, torch.eye(16).expand(3, 16, 16), atol=1e-5)
+
+
+@pytest.mark.parametrize("solver", ["eigh", "qr"])
+def test_compiled_on_the_cpu_matches_eager(solver):
+    """The step traced on the CPU (its eigh as the opaque CPU op) gives eager's updates."""
+    config = dash_fn.DashConfig(block_size=8, preconditioner=EC, solver=solver, inv_root_freq=2, mu=0.5)
+    compiled_step = torch.compile(dash_fn.step, fullgraph=True, backend="aot_eager")
+    runs = []
+    for step in (dash_fn.step, compiled_step):
+        params, state = mixed_params(), dash_fn.init(mixed_params(), config)
+        for t in range(1, 7):
+            params, state = step(params, random_grads(params, t), state, lr=torch.tensor(1e-2))
+        runs.append(params)
+    for k in runs[0]:
+        assert torch.allclose(runs[1][k], runs[0][k], rtol=1e-5, atol=1e-6), k
+
+
+def test_the_cpu_eigenvector_op_keeps_the_layout_it_promises_the_compiler():
+    """torch.library.opcheck: the fake op's shape, dtype and strides are the real op's (LAPACK
+    returns column-major eigenvectors; Inductor asserts the promised row-major strides)."""
+    X = torch.randn(3, 8, 8, generator=torch.Generator().manual_seed(0))
+    torch.library.opcheck(torch.ops.dash_fn.cpu_eigenvectors.default, (X @ X.mT,))

@@ -45,9 +45,10 @@ def cpu_eigenvectors(X: torch.Tensor) -> torch.Tensor:
     not converge (rounded back): a refresh never ends a run. An op opaque to torch.compile, so
     that the retry happens inside a compiled step too."""
     try:
-        return torch.linalg.eigh(X).eigenvectors
+        Q = torch.linalg.eigh(X).eigenvectors
     except torch.linalg.LinAlgError:
-        return torch.linalg.eigh(X.double()).eigenvectors.to(X.dtype)
+        Q = torch.linalg.eigh(X.double()).eigenvectors.to(X.dtype)
+    return Q.contiguous()  # LAPACK's column-major layout, made the layout the fake op promises
 
 
 @cpu_eigenvectors.register_fake

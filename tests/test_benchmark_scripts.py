@@ -7,6 +7,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 
+import basis_gpu  # noqa: E402
 import gpu_check  # noqa: E402
 import stagger_bench  # noqa: E402
 import step_bench  # noqa: E402
@@ -266,3 +267,14 @@ def test_eigh_floor_quick(capsys):
     ms = eigh_floor.main(["--quick"])
     assert set(ms) == {"floor", "solver", "refresh"} and all(v > 0 for v in ms.values())
     assert "| refresh |" in capsys.readouterr().out
+
+
+def test_basis_gpu_dry_run(tmp_path):
+    """Its rows come out, and they say what RESULTS reads from them: one QR step reduces the
+    off-diagonal energy of a basis in decreasing order and ruins one in increasing order."""
+    report = tmp_path / "basis.md"
+    assert basis_gpu.main(["--dry-run", "--reps", "1", "--out", str(report)]) == 0
+    rows = [line.split(" | ") for line in report.read_text().splitlines() if line.startswith("| 4 x 16^2")]
+    assert len(rows) == 1
+    old, after, increasing = (float(x.strip(" |")) for x in rows[0][-3:])
+    assert after < old < increasing

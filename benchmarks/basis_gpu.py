@@ -127,10 +127,12 @@ def compiled_qr(device: torch.device) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny stacks")
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--out")
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny stacks (checks the script)")
+    parser.add_argument("--reps", type=int, default=5, help="timed calls per form (median)")
+    parser.add_argument("--out", help="also write the rows to this markdown file as they come")
     args = parser.parse_args(argv)
     device = torch.device("cpu" if args.dry_run else "cuda")
     shapes = [(4, 16), (2, 32)] if args.dry_run else [(64, 256), (16, 1024), (64, 1024)]

@@ -11,7 +11,6 @@ import math
 from dataclasses import dataclass
 
 SOLVERS = ("eigh", "cn", "ndb", "chebyshev", "qr", "auto")
-ROOT_SOLVERS = ("eigh", "cn", "ndb", "chebyshev")  # what preconditioner="shampoo" computes roots with
 BASIS_SOLVERS = ("eigh", "qr")  # what preconditioner="eigenvalue_corrected" computes eigenbases with
 PRECONDITIONERS = ("shampoo", "eigenvalue_corrected")
 SCALINGS = ("fro", "pi", "pim")

@@ -32,6 +32,8 @@ CONFIGS = {
     "qr-periodic-adagrad": dict(
         solver="qr", qr_steps=2, inv_root_freq=2, refresh_schedule="periodic", grafting="adagrad", beta_LR=1.0
     ),
+    # B = 24: thin blocks (4 x 24, 3 x 24: a full factor on the short side only, the long side unrotated)
+    "eigh-thin-blocks-B24": dict(solver="eigh", inv_root_freq=2, block_size=24),
     "qr-staggered-vectors-nobc": dict(
         solver="qr", inv_root_freq=2, one_dim="shampoo", bias_correction=False, start_prec_step=8
     ),
@@ -69,7 +71,9 @@ def update_errors(params, ref_params) -> dict[str, float]:
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_float64_matches_the_soap_reference(name):
-    config = dash_fn.DashConfig(block_size=8, preconditioner=EC, **{"start_prec_step": FULL_RANK_FROM, **CONFIGS[name]})
+    config = dash_fn.DashConfig(
+        preconditioner=EC, **{"block_size": 8, "start_prec_step": FULL_RANK_FROM, **CONFIGS[name]}
+    )
     params, ref_params = run_both(config, steps=config.start_prec_step + 6)
     errors = update_errors(params, ref_params)
     assert max(errors.values()) < 1e-10, errors

@@ -25,9 +25,9 @@ LOW_PRECISION = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 ALIGN_BYTES = 64
 
 
-def aligned_width(n: int, dtype: torch.dtype) -> int:
-    """``n`` rounded up so that ``n`` elements of ``dtype`` fill whole 64-byte lines."""
-    multiple = max(1, ALIGN_BYTES // dtype.itemsize)
+def aligned_width(n: int, dtype: torch.dtype, line_bytes: int = ALIGN_BYTES) -> int:
+    """``n`` rounded up so that ``n`` elements of ``dtype`` fill whole lines (64 bytes by default)."""
+    multiple = max(1, line_bytes // dtype.itemsize)
     return -(-n // multiple) * multiple
 
 

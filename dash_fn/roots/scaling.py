@@ -22,9 +22,12 @@ import torch
 
 from ..config import DashConfig
 from .identity import identity_matrix
-from .matmul import stacked_matmul
+from .matmul import aligned_width, stacked_matmul
 
 SCALE_FLOOR = 1e-30
+
+
+POW_STEP_BYTES = 128
 
 
 def root(x: torch.Tensor, p: int) -> torch.Tensor:
@@ -33,9 +36,15 @@ def root(x: torch.Tensor, p: int) -> torch.Tensor:
     Square roots are correctly rounded in every kernel, while a vectorized ``pow`` and its
     scalar tail round differently: with ``pow`` a block's root would depend on its position in
     the stack, and a rank holding part of a stack would not match one process bit for bit.
+    Other p take ``pow`` on rows padded to whole POW_STEP_BYTES, so that every entry takes the
+    vector path wherever it sits (torch's CPU loops take two vectors at a time, 128 bytes with
+    AVX-512, and the rest in scalar code: 64-byte rows were not enough there, measured).
     """
     if p & (p - 1):
-        return x.pow(1.0 / p)
+        n = x.shape[-1]
+        width = aligned_width(n, x.dtype, POW_STEP_BYTES)
+        wide = torch.nn.functional.pad(x, (0, width - n), value=1.0)
+        return wide.pow(1.0 / p)[..., :n]
     while p > 1:
         x, p = x.sqrt(), p // 2
     return x

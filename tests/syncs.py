@@ -104,3 +104,30 @@ def inspecting_backend(graphs: list):
         return make_boxed_func(gm.forward)
 
     return aot_autograd(fw_compiler=compiler, keep_inference_input_mutations=True)
+
+
+def assert_one_graph_without_syncs(config, params: dict, steps: int = 9) -> None:
+    """Under the simulated accelerator strategy: ``steps`` compiled steps make one graph with no
+    node reading the device and nothing CUDA graphs would skip; the same steps eagerly make no
+    sync after the first; compiled and eager agree."""
+    import dash_fn
+    from conftest import random_grads
+    from dash_fn.strategy import simulated_accelerator
+
+    graphs: list = []
+    compiled = torch.compile(dash_fn.step, fullgraph=True, backend=inspecting_backend(graphs))
+    with simulated_accelerator():
+        state, eager_params = dash_fn.init(params, config), params
+        for t in range(1, steps + 1):
+            params, state = compiled(params, random_grads(params, t), state, lr=torch.tensor(1e-2))
+        eager_state, counter = dash_fn.init(eager_params, config), SyncCounter()
+        for t in range(1, steps + 1):
+            with counter if t > 1 else SyncCounter():
+                eager_params, eager_state = dash_fn.step(
+                    eager_params, random_grads(eager_params, t), eager_state, lr=torch.tensor(1e-2)
+                )
+    assert len(graphs) == 1
+    assert graphs[0][1] == [], graphs[0][1][0][:2000]
+    assert counter.syncs == []
+    for k in params:
+        assert torch.allclose(params[k], eager_params[k], rtol=1e-5, atol=1e-6), k

@@ -14,9 +14,8 @@ import torch
 import dash_fn
 from conftest import mixed_params, random_grads
 from dash_fn.roots.basis import eigenbasis, qr_basis
-from dash_fn.strategy import simulated_accelerator
 from reference import ReferenceDash, gram_schmidt_step
-from syncs import SyncCounter, inspecting_backend
+from syncs import assert_one_graph_without_syncs
 
 pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (README, Tests)
 
@@ -159,23 +158,7 @@ def test_one_compiled_graph_without_syncs():
     over three periods, no node reading the device, nothing CUDA graphs would skip; eager
     steps make no sync; compiled and eager agree."""
     config = dash_fn.DashConfig(block_size=8, preconditioner=EC, inv_root_freq=3, mu=0.5, nesterov_G=True)
-    params, graphs = mixed_params(shapes={"w": (24, 20), "thin": (2, 40), "b": (20,)}), []
-    compiled = torch.compile(dash_fn.step, fullgraph=True, backend=inspecting_backend(graphs))
-    with simulated_accelerator():
-        state, eager_params = dash_fn.init(params, config), params
-        for t in range(1, 10):
-            params, state = compiled(params, random_grads(params, t), state, lr=torch.tensor(1e-2))
-        eager_state, counter = dash_fn.init(eager_params, config), SyncCounter()
-        for t in range(1, 10):
-            with counter if t > 1 else SyncCounter():
-                eager_params, eager_state = dash_fn.step(
-                    eager_params, random_grads(eager_params, t), eager_state, lr=torch.tensor(1e-2)
-                )
-    assert len(graphs) == 1
-    assert graphs[0][1] == [], graphs[0][1][0][:2000]
-    assert counter.syncs == []
-    for k in params:
-        assert torch.allclose(params[k], eager_params[k], rtol=1e-5, atol=1e-6), k
+    assert_one_graph_without_syncs(config, mixed_params(shapes={"w": (24, 20), "thin": (2, 40), "b": (20,)}))
 
 
 @pytest.mark.parametrize("solver", ["eigh", "qr"])

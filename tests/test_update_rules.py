@@ -16,7 +16,7 @@ from conftest import mixed_params, random_grads
 from dash_fn.roots import solve, start_vectors
 from dash_fn.roots.scaling import spectral_norm_estimate
 from dash_fn.strategy import ACCELERATOR, CPU, simulated_accelerator
-from syncs import SyncCounter, inspecting_backend
+from syncs import assert_one_graph_without_syncs
 
 pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (README, Tests)
 
@@ -137,23 +137,7 @@ def test_all_options_compile_to_one_graph_without_syncs(grafting):
     device, nothing CUDA graphs would skip; and eager steps make no sync."""
     options = {**ALL_OPTIONS, "grafting": grafting}
     config = dash_fn.DashConfig(block_size=8, solver="ndb", inv_root_freq=3, newton_steps=4, mu=0.5, **options)
-    params, graphs = mixed_params(shapes={"w": (24, 20), "thin": (2, 40), "b": (20,)}), []
-    compiled = torch.compile(dash_fn.step, fullgraph=True, backend=inspecting_backend(graphs))
-    with simulated_accelerator():
-        state, eager_params = dash_fn.init(params, config), params
-        for t in range(1, 10):
-            params, state = compiled(params, random_grads(params, t), state, lr=torch.tensor(1e-2))
-        eager_state, counter = dash_fn.init(eager_params, config), SyncCounter()
-        for t in range(1, 10):
-            with counter if t > 1 else SyncCounter():
-                eager_params, eager_state = dash_fn.step(
-                    eager_params, random_grads(eager_params, t), eager_state, lr=torch.tensor(1e-2)
-                )
-    assert len(graphs) == 1
-    assert graphs[0][1] == [], graphs[0][1][0][:2000]
-    assert counter.syncs == []
-    for k in params:
-        assert torch.allclose(params[k], eager_params[k], rtol=1e-5, atol=1e-6), k
+    assert_one_graph_without_syncs(config, mixed_params(shapes={"w": (24, 20), "thin": (2, 40), "b": (20,)}))
 
 
 @pytest.mark.parametrize("solver", ["eigh", "ndb"])

@@ -10,7 +10,9 @@ from pathlib import Path
 
 from scaling import SIZES, best_rate, load, longer_studies
 
-COLORS = {"adamw": "C0", "muon": "C3", "dash-defaults": "C1", "dash-ndb": "C2"}
+COLORS = {"adamw": "C0", "muon": "C3", "dash-defaults": "C1", "dash-ndb": "C2", "dash-combo": "C4"}
+# the optimizers of the rate table and the plots: the baselines and the candidates for the defaults
+HEADLINE = ("muon", "dash-defaults", "dash-ndb", "dash-combo")
 # tokens per step of the extrapolation: a large-batch language-model step (e.g. 256 sequences of 2,048)
 LARGE_BATCH = 524_288
 # the head of size_rows' table; its first column names the results file
@@ -38,6 +40,17 @@ def paired(differences: list[float]) -> str:
     if len(differences) < 2:
         return f"{statistics.mean(differences):+.4f}"
     return f"{statistics.mean(differences):+.4f} ± {statistics.stdev(differences) / len(differences) ** 0.5:.4f}"
+
+
+def versus_muon(runs: list[dict], muon: dict[int, dict]) -> str:
+    """The paired difference to Muon's run of the same seed, over the seeds whose two runs were
+    made on one machine (final losses differ between machines by more than some gaps measured)."""
+    pairs = [(r, muon[r["seed"]]) for r in runs if r["seed"] in muon]
+    same = [r["val_loss"][-1] - m["val_loss"][-1] for r, m in pairs if r.get("machine") == m.get("machine")]
+    apart = len(pairs) - len(same)
+    if not same:
+        return f"- ({apart} seeds, none on Muon's machine)" if apart else "-"
+    return paired(same) + (f" ({apart} of {len(pairs)} seeds on another machine left out)" if apart else "")
 
 
 def first_reach(run: dict, target: float) -> tuple[int, float] | None:
@@ -96,13 +109,13 @@ def size_rows(size: str) -> list[str]:
         else:
             steps_frac = f"{statistics.mean(h[0] / r['model']['steps'] for h, r in hits):.2f}"
             wall_frac = f"{statistics.mean(h[1] / adamw[r['seed']]['wall'] for h, r in hits):.2f}"
-        vs_muon = [r["val_loss"][-1] - muon[r["seed"]]["val_loss"][-1] for r in runs if r["seed"] in muon]
+        vs_muon = versus_muon(runs, muon)
         step_ms = statistics.mean(1e3 * r["wall"] / r["timed_steps"] for r in runs)
         opt_ms = statistics.mean(1e3 * r["optimizer_s"] / r["timed_steps"] for r in runs)
         rows.append(
             f"| {size} ({params_of(model) / 1e6:.2f}M, {model['steps']} steps) | {label} | {runs[0]['lr']:g} | "
             f"{len(runs)} | {mean_std([r['val_loss'][-1] for r in runs])} | "
-            f"{paired(vs_muon) if vs_muon and label != 'muon' else '-'} | {steps_frac} | "
+            f"{vs_muon if label != 'muon' else '-'} | {steps_frac} | "
             f"{wall_frac} | {step_ms:.0f} | {opt_ms:.1f} ({opt_ms / step_ms:.0%}) |"
         )
     return rows
@@ -143,13 +156,13 @@ def report(plots: str) -> None:
         for name in longer:
             print("\n".join(size_rows(name)))
     print("\n### Best rate over AdamW's best rate\n")
-    print("| size | " + " | ".join(label for label in ("muon", "dash-defaults", "dash-ndb")) + " |")
-    print("|---|---|---|---|")
+    print("| size | " + " | ".join(HEADLINE) + " |")
+    print("|---|" + "---|" * len(HEADLINE))
     for size in sizes:
         adamw = best_rate(size, "adamw")
         cells = [
             f"{best_rate(size, k) / adamw:.2g}" if adamw and best_rate(size, k) else "-"  # 1e-3 / 3e-4: 3.3
-            for k in ("muon", "dash-defaults", "dash-ndb")
+            for k in HEADLINE
         ]
         print(f"| {size} | " + " | ".join(cells) + " |")
     print(f"\n### Optimizer share at {LARGE_BATCH:,} tokens a step, from the measured costs\n")
@@ -174,7 +187,7 @@ def plot(sizes: list[str], folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
 
     fig, ax = plt.subplots(figsize=(6, 4.2))
-    for label in ("muon", "dash-defaults", "dash-ndb"):
+    for label in HEADLINE:
         xs, ys = [], []
         for size in sizes:
             at_best = tuned(size)

@@ -117,6 +117,24 @@ def test_report_marks_an_optimizer_that_never_reaches_adamw(monkeypatch, tmp_pat
     assert "| -0.0500 ± 0.0500 |" in adamw  # paired differences 0 and -0.1: mean -0.05, s.e. 0.1 / sqrt(2) / sqrt(2)
 
 
+def test_report_pairs_with_muon_only_on_one_machine(monkeypatch, tmp_path):
+    """Seed 0's DASH and Muon ran on one machine (difference -0.2), seed 1's on two (-0.5 would
+    come from the machines as much as the optimizers): only seed 0 counts, and the cell says so."""
+    monkeypatch.setattr(scaling, "RESULTS", tmp_path)
+    runs = [
+        {"optimizer": "muon", "lr": 1e-2, "seed": s, "machine": "A", **curve(20, [2.5, 2.0], 10, 1)} for s in (0, 1)
+    ] + [
+        {"optimizer": "dash-combo", "lr": 3e-3, "seed": s, "machine": m, **curve(20, [2.5, 1.8 - 0.3 * s], 10, 1)}
+        for s, m in ((0, "A"), (1, "B"))
+    ]
+    scaling.record("s", runs)
+    combo = next(r for r in scaling_report.size_rows("s") if "| dash-combo |" in r).split("|")
+    assert combo[6].strip() == "-0.2000 (1 of 2 seeds on another machine left out)"
+    scaling.record("s", [{**runs[2], "machine": "B"}])
+    combo = next(r for r in scaling_report.size_rows("s") if "| dash-combo |" in r).split("|")
+    assert combo[6].strip() == "- (2 seeds, none on Muon's machine)"
+
+
 @pytest.mark.parametrize("size", ["s", "m", "l"])
 def test_params_of_counts_train_lms_model(size):
     args = train_lm.parse_args(["--size", size])

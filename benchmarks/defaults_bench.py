@@ -3,6 +3,7 @@ setting and the main job's setting, beside AdamW, on the main job's model, as a 
 
     python benchmarks/defaults_bench.py              # examples/train_lm.py's default Llama
     python benchmarks/defaults_bench.py --quick      # a tiny model: a smoke run
+    python benchmarks/defaults_bench.py --peers-model 1024   # benchmarks/peers.py's model
 
 The model is examples/llama.py's Llama at examples/train_lm.py's default sizes (d_model 128, 2
 layers, 4 heads, SwiGLU 341, context 64, batch 16). One backward pass on one fixed batch gives
@@ -22,6 +23,8 @@ Configurations:
 * the paper: ``**dataclasses.asdict(DashConfig.paper())`` (NDB, pim scaling, roots every step, eps 0,
   vectors under one-sided Shampoo);
 * the main job: ``block_size=128, inv_root_freq=10`` (solver "auto"), examples/train_lm.py's ``dash``;
+* ``DashConfig.tuned()``: the scaling study's setting (Nesterov, roots every 3 steps, root order 3,
+  relative floor 1e-5), whose cost decides whether it becomes the defaults (1.2x theirs at most);
 * ``torch.optim.AdamW(foreach=True)``.
 """
 
@@ -45,6 +48,7 @@ from dash_fn.roots import resolve_solver  # noqa: E402
 from dash_fn.strategy import for_device  # noqa: E402
 from llama import Llama, LlamaConfig, next_byte_loss  # noqa: E402
 from machine import machine_line  # noqa: E402
+from peers import make_model  # noqa: E402
 
 LR = 3e-3
 
@@ -56,6 +60,7 @@ def configurations() -> list[tuple[str, dict | None]]:
         ('old defaults: solver="ndb", inv_root_freq=1', {"block_size": 1024, "solver": "ndb", "inv_root_freq": 1}),
         ("DashConfig.paper()", dataclasses.asdict(dash_fn.DashConfig.paper())),
         ("main job: block_size=128, inv_root_freq=10", {"block_size": 128, "inv_root_freq": 10}),
+        ("DashConfig.tuned()", dataclasses.asdict(dash_fn.DashConfig.tuned())),
         ("torch AdamW (foreach)", None),
     ]
 
@@ -73,6 +78,14 @@ def fixed_gradients(model: Llama, batch: int, device: torch.device) -> dict[str,
     loss = next_byte_loss(model, params, tokens)
     grads = torch.autograd.grad(loss, list(params.values()))
     return {k: g.detach().clone() for k, g in zip(params, grads)}
+
+
+def linear_stack(d: int, device: torch.device) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    """benchmarks/peers.py's model and fixed gradients as a module (its parameters by name)."""
+    params, grads = make_model(d)
+    model = torch.nn.Sequential(*(torch.nn.Linear(d, d) for _ in range(3)))
+    model.load_state_dict(params)
+    return model.to(device), {k: g.to(device) for k, g in grads.items()}
 
 
 def make_optimizer(model: Llama, kwargs: dict | None, grads: dict[str, torch.Tensor]):
@@ -119,6 +132,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--threads", type=int, default=None, help="torch threads; when not given torch's own")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--quick", action="store_true", help="tiny model, 2 windows: a smoke run")
+    parser.add_argument(
+        "--peers-model",
+        type=int,
+        metavar="D",
+        help="time on benchmarks/peers.py's model instead (3 x Linear(D, D) with bias, its fixed gradients)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.d_model, args.n_layers, args.n_heads, args.context, args.batch, args.reps = 32, 1, 2, 16, 4, 2
@@ -126,17 +145,25 @@ def main(argv: list[str] | None = None) -> list[dict]:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
 
-    torch.manual_seed(0)
-    model = Llama(
-        LlamaConfig(
-            d_model=args.d_model,
-            n_layers=args.n_layers,
-            n_heads=args.n_heads,
-            mlp_hidden=(8 * args.d_model) // 3,
-            context=args.context,
+    if args.peers_model:
+        model, grads = linear_stack(args.peers_model, device)
+        described = f"peers.py's 3 x Linear({args.peers_model}, {args.peers_model}) with bias"
+    else:
+        torch.manual_seed(0)
+        model = Llama(
+            LlamaConfig(
+                d_model=args.d_model,
+                n_layers=args.n_layers,
+                n_heads=args.n_heads,
+                mlp_hidden=(8 * args.d_model) // 3,
+                context=args.context,
+            )
+        ).to(device)
+        grads = fixed_gradients(model, args.batch, device)
+        described = (
+            f"Llama d_model {args.d_model}, {args.n_layers} layers, {args.n_heads} heads, context {args.context}, "
+            f"batch {args.batch}"
         )
-    ).to(device)
-    grads = fixed_gradients(model, args.batch, device)
     n_params = sum(p.numel() for p in model.parameters())
 
     configs = configurations()
@@ -168,9 +195,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f"Machine: {machine_line(device)}; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after timing."
     )
     print(
-        f"Model: Llama d_model {args.d_model}, {args.n_layers} layers, {args.n_heads} heads, context {args.context}, "
-        f"batch {args.batch}; "
-        f"{n_params:,} parameters. Eager opt.step() with fixed gradients, lr {LR:g}; "
+        f"Model: {described}; {n_params:,} parameters. Eager opt.step() with fixed gradients, lr {LR:g}; "
         f"{args.reps} windows of {window} steps "
         "(whole refresh periods) per configuration, interleaved, "
         f"after {period * max(1, args.warmup_periods)} warm-up steps.\n"

@@ -154,7 +154,9 @@ class DashConfig:
             in ``state["skipped"]``, decided on the device (7.5); False lets it through.
 
     ``DashConfig.paper()`` is the DASH paper's recommended setting (ndb, pim, roots every
-    step, eps 0, one-sided Shampoo vectors); ``config.replace(**changes)`` returns a validated
+    step, eps 0, one-sided Shampoo vectors); ``DashConfig.tuned()`` is the scaling study's
+    setting (Nesterov, roots every 3 steps, root order 3, relative floor 1e-5), ahead of tuned
+    Muon at every size measured; ``config.replace(**changes)`` returns a validated
     copy. Every field is validated in ``__post_init__``: an invalid value raises ``ValueError``
     naming the field and the allowed range.
     """
@@ -283,6 +285,16 @@ class DashConfig:
             }
         )
 
+    @classmethod
+    def tuned(cls, **changes) -> DashConfig:
+        """The scaling study's setting (benchmarks/RESULTS.md, "Scaling"), which ends below
+        tuned Muon at every model size there: the defaults with Nesterov momentum on the averaged
+        gradient, roots refreshed every 3 steps, inverse cube roots per side (root_order 3) and
+        eigenvalues floored at 1e-5 of each factor's largest (then ``changes``). It refreshes
+        roots three times as often as the defaults; with ``solver="auto"`` the roots come from
+        eigh on the CPU and coupled Newton elsewhere (NDB takes power-of-two orders only)."""
+        return cls(**{"nesterov_G": True, "inv_root_freq": 3, "root_order": 3, "eps_rel": 1e-5, **changes})
+
 
 def check_solver_options(config: DashConfig, solver: str) -> None:
     """Raise ValueError where ``solver`` (as resolved) cannot serve the config's root_order or
@@ -309,11 +321,16 @@ def _unsupported(config: DashConfig, solver: str) -> str | None:
         return None
     if solver == "qr":
         return "solver 'qr' computes eigenbases, for preconditioner='eigenvalue_corrected'; roots need another"
-    if solver == "ndb" and (p < 2 or p & (p - 1)):
+    if solver == "ndb" and not ndb_serves(p):
         return f"solver 'ndb' takes roots of a power-of-two order (>= 2), not root_order={p}; use eigh, cn or chebyshev"
     if solver == "chebyshev" and config.eps_rel > 0:
         return "solver 'chebyshev' shifts relative to its scale already (cheb_eps); eps_rel must be 0 with it"
     return None
+
+
+def ndb_serves(root_order: int) -> bool:
+    """Whether NDB computes roots of this order: powers of two from 2 (it composes square roots)."""
+    return root_order >= 2 and root_order & (root_order - 1) == 0
 
 
 def _is_int(value) -> bool:

@@ -514,9 +514,16 @@ MUTATIONS = [
     Mutation(
         "eigenvalue-corrected: eigh bases on the accelerator (a sync per refresh)",
         "dash_fn/roots/__init__.py",
-        'return "qr" if config.preconditioner == "eigenvalue_corrected" else "ndb"',
-        'return "eigh" if config.preconditioner == "eigenvalue_corrected" else "ndb"',
+        'return "qr"\n    return "ndb" if',
+        'return "eigh"\n    return "ndb" if',
         ("tests/test_eigenvalue_corrected.py", "-k", "one_compiled_graph"),
+    ),
+    Mutation(
+        "update rules: auto takes NDB off the CPU whatever the root order (refused at init)",
+        "dash_fn/roots/__init__.py",
+        'return "ndb" if ndb_serves(config.root_order) else "cn"',
+        'return "ndb"',
+        ("tests/test_update_rules.py", "-k", "tuned_preset"),
     ),
 ]
 

@@ -122,6 +122,14 @@ def test_defaults_follow_the_spec():
         c.replace(weight_decay=0.1).vector_decay == 0.1
         and c.replace(weight_decay=0.1, weight_decay_1d=0.0).vector_decay == 0.0
     )
+    tuned = dash_fn.DashConfig.tuned(block_size=128)
+    assert (tuned.nesterov_G, tuned.inv_root_freq, tuned.root_order, tuned.eps_rel, tuned.block_size) == (
+        True,
+        3,
+        3,
+        1e-5,
+        128,
+    )
     paper = dash_fn.DashConfig.paper()
     assert (paper.solver, paper.scaling, paper.inv_root_freq, paper.eps, paper.one_dim, paper.block_size) == (
         "ndb",

@@ -22,7 +22,14 @@ def test_defaults_bench_quick(capsys):
     assert table['old defaults: solver="ndb", inv_root_freq=1'][1:4] == ["ndb", "1024", "1"]
     assert table["DashConfig.paper()"][1:4] == ["ndb", "1024", "1"]
     assert table["main job: block_size=128, inv_root_freq=10"][1:4] == ["auto (eigh)", "128", "10"]
+    assert table["DashConfig.tuned()"][1:4] == ["auto (eigh)", "256", "3"]
     assert table["torch AdamW (foreach)"][1:4] == ["-", "-", "-"]
     assert table["torch AdamW (foreach)"][6] == "1.0"
     assert all(row["ms"] > 0 and row["min"] <= row["ms"] <= row["max"] for row in rows)
-    assert "Machine:" in out and "windows of 10 steps" in out
+    assert "Machine:" in out and "windows of 30 steps" in out  # lcm of the periods 10, 1 and 3
+
+
+def test_defaults_bench_times_peers_model(capsys):
+    defaults_bench.main(["--quick", "--peers-model", "16"])
+    out = capsys.readouterr().out
+    assert "3 x Linear(16, 16) with bias; 816 parameters" in out  # 3 x (16 x 16 + 16)

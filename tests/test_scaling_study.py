@@ -14,6 +14,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 
+import dash_fn  # noqa: E402
 import scaling  # noqa: E402
 import scaling_report  # noqa: E402
 import train_lm  # noqa: E402
@@ -218,3 +219,11 @@ def test_longer_runs_train_at_the_sweeps_rate_and_are_recorded_apart(monkeypatch
     assert any(row.startswith("| l-1200 (") for row in scaling_report.size_rows("l-1200"))
     with pytest.raises(SystemExit):
         scaling.main(["sweep", "--size", "l", "--steps", "1200"])  # a sweep tunes at the preset's steps
+
+
+def test_the_combination_the_study_ran_is_the_tuned_preset():
+    """The study's dash-combo rows are DashConfig.tuned(): its figures stand for the preset."""
+    name, extra = scaling.OPTIMIZERS["dash-combo"]
+    assert name == "dash-defaults" and extra[0] == "--dash"
+    changes = dict(train_lm.dash_field(text) for text in extra[1:])
+    assert dash_fn.DashConfig().replace(**changes) == dash_fn.DashConfig.tuned() != dash_fn.DashConfig()

@@ -13,7 +13,7 @@ import torch
 
 import dash_fn
 from conftest import mixed_params, random_grads
-from dash_fn.roots import solve, start_vectors
+from dash_fn.roots import resolve_solver, solve, start_vectors
 from dash_fn.roots.scaling import spectral_norm_estimate
 from dash_fn.strategy import ACCELERATOR, CPU, simulated_accelerator
 from syncs import assert_one_graph_without_syncs
@@ -126,8 +126,16 @@ def test_options_the_solver_cannot_serve_are_refused():
         dash_fn.DashConfig(graft_rms=0.0)
     with pytest.raises(ValueError, match="root_order"):
         dash_fn.DashConfig(root_order=0)
-    with simulated_accelerator(), pytest.raises(ValueError, match="power-of-two order"):
-        dash_fn.init(mixed_params(), dash_fn.DashConfig(root_order=3))  # "auto" picks NDB there
+
+
+@pytest.mark.parametrize("order, solver", [(1, "cn"), (2, "ndb"), (3, "cn"), (4, "ndb"), (6, "cn"), (8, "ndb")])
+def test_auto_takes_coupled_newton_where_ndb_cannot_serve_the_order(order, solver):
+    """Off the CPU "auto" is NDB for powers of two and coupled Newton otherwise, so that every
+    root order runs on an accelerator without a sync; on the CPU it stays eigh."""
+    config = dash_fn.DashConfig(root_order=order)
+    assert resolve_solver(config, ACCELERATOR) == solver and resolve_solver(config, CPU) == "eigh"
+    with simulated_accelerator():
+        dash_fn.init(mixed_params(), config)  # the resolved solver serves the order: no refusal
 
 
 @pytest.mark.sets_accelerator
@@ -137,6 +145,13 @@ def test_all_options_compile_to_one_graph_without_syncs(grafting):
     device, nothing CUDA graphs would skip; and eager steps make no sync."""
     options = {**ALL_OPTIONS, "grafting": grafting}
     config = dash_fn.DashConfig(block_size=8, solver="ndb", inv_root_freq=3, newton_steps=4, mu=0.5, **options)
+    assert_one_graph_without_syncs(config, mixed_params(shapes={"w": (24, 20), "thin": (2, 40), "b": (20,)}))
+
+
+@pytest.mark.sets_accelerator
+def test_the_tuned_preset_compiles_to_one_graph_without_syncs():
+    """DashConfig.tuned() as an accelerator runs it ("auto": coupled Newton for its cube roots)."""
+    config = dash_fn.DashConfig.tuned(block_size=8, newton_steps=4)
     assert_one_graph_without_syncs(config, mixed_params(shapes={"w": (24, 20), "thin": (2, 40), "b": (20,)}))
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..config import DashConfig, check_solver_options
+from ..config import DashConfig, check_solver_options, ndb_serves
 from ..strategy import CPU, Strategy, for_device
 from .basis import eigenbasis, qr_basis
 from .chebyshev import chebyshev_inverse_root
@@ -41,14 +41,17 @@ SOLVERS: dict[str, Solver] = {
 
 def resolve_solver(config: DashConfig, strategy: Strategy) -> str:
     """The solver a config runs under a strategy: ``auto`` picks eigh where the CPU's ops serve
-    (LAPACK beats the matmul iterations there) and, under the accelerator strategy, NDB for
-    roots and orthogonal iteration ("qr") for eigenbases (eigh syncs there once per call,
-    cuSOLVER's error check, and so cannot be captured by CUDA graphs)."""
+    (LAPACK beats the matmul iterations there) and, under the accelerator strategy, a matmul-only
+    iteration (eigh syncs there once per call, cuSOLVER's error check, and so cannot be captured
+    by CUDA graphs): orthogonal iteration ("qr") for eigenbases, NDB for roots of a power-of-two
+    order (its square roots compose them) and coupled Newton for any other order."""
     if config.solver != "auto":
         return config.solver
     if strategy.cpu_ops:
         return "eigh"
-    return "qr" if config.preconditioner == "eigenvalue_corrected" else "ndb"
+    if config.preconditioner == "eigenvalue_corrected":
+        return "qr"
+    return "ndb" if ndb_serves(config.root_order) else "cn"
 
 
 def prepare(config: DashConfig, strategy: Strategy) -> None:

@@ -3,7 +3,7 @@ setting and the main job's setting, beside AdamW, on the main job's model, as a 
 
     python benchmarks/defaults_bench.py              # examples/train_lm.py's default Llama
     python benchmarks/defaults_bench.py --quick      # a tiny model: a smoke run
-    python benchmarks/defaults_bench.py --peers-model 1024   # benchmarks/peers.py's model
+    python benchmarks/defaults_bench.py --peers-model 1024 --only defaults tuned   # peers.py's model
 
 The model is examples/llama.py's Llama at examples/train_lm.py's default sizes (d_model 128, 2
 layers, 4 heads, SwiGLU 341, context 64, batch 16). One backward pass on one fixed batch gives
@@ -53,16 +53,19 @@ from peers import make_model  # noqa: E402
 LR = 3e-3
 
 
-def configurations() -> list[tuple[str, dict | None]]:
-    """(label, DASH keyword arguments); None is AdamW."""
-    return [
-        ("DASH(params) new defaults", {}),
-        ('old defaults: solver="ndb", inv_root_freq=1', {"block_size": 1024, "solver": "ndb", "inv_root_freq": 1}),
-        ("DashConfig.paper()", dataclasses.asdict(dash_fn.DashConfig.paper())),
-        ("main job: block_size=128, inv_root_freq=10", {"block_size": 128, "inv_root_freq": 10}),
-        ("DashConfig.tuned()", dataclasses.asdict(dash_fn.DashConfig.tuned())),
-        ("torch AdamW (foreach)", None),
-    ]
+def configurations() -> dict[str, tuple[str, dict | None]]:
+    """key: (label, DASH keyword arguments); None is AdamW."""
+    return {
+        "defaults": ("DASH(params) new defaults", {}),
+        "old": (
+            'old defaults: solver="ndb", inv_root_freq=1',
+            {"block_size": 1024, "solver": "ndb", "inv_root_freq": 1},
+        ),
+        "paper": ("DashConfig.paper()", dataclasses.asdict(dash_fn.DashConfig.paper())),
+        "main": ("main job: block_size=128, inv_root_freq=10", {"block_size": 128, "inv_root_freq": 10}),
+        "tuned": ("DashConfig.tuned()", dataclasses.asdict(dash_fn.DashConfig.tuned())),
+        "adamw": ("torch AdamW (foreach)", None),
+    }
 
 
 def sync(device: torch.device) -> None:
@@ -133,6 +136,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--quick", action="store_true", help="tiny model, 2 windows: a smoke run")
     parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=list(configurations()),
+        metavar="KEY",
+        help=f"time only these configurations, of {list(configurations())} (AdamW always: the ratios' base)",
+    )
+    parser.add_argument(
         "--peers-model",
         type=int,
         metavar="D",
@@ -166,7 +176,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         )
     n_params = sum(p.numel() for p in model.parameters())
 
-    configs = configurations()
+    keys = [k for k in configurations() if args.only is None or k in args.only or k == "adamw"]
+    configs = [configurations()[k] for k in keys]
     freqs = [dash_fn.DashConfig(**kw).inv_root_freq for _, kw in configs if kw is not None]
     period = math.lcm(*freqs)  # every configuration refreshes a whole number of times per window
     window = period * max(1, args.periods)

@@ -17,7 +17,7 @@ def test_defaults_bench_quick(capsys):
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if line.startswith("|") and len(cells) == 7 and cells[0] != "configuration" and not cells[0].startswith("---"):
             table[cells[0]] = cells
-    assert list(table) == [label for label, _ in defaults_bench.configurations()]
+    assert list(table) == [label for label, _ in defaults_bench.configurations().values()]
     assert table["DASH(params) new defaults"][1:4] == ["auto (eigh)", "256", "10"]
     assert table['old defaults: solver="ndb", inv_root_freq=1'][1:4] == ["ndb", "1024", "1"]
     assert table["DashConfig.paper()"][1:4] == ["ndb", "1024", "1"]
@@ -30,6 +30,8 @@ def test_defaults_bench_quick(capsys):
 
 
 def test_defaults_bench_times_peers_model(capsys):
-    defaults_bench.main(["--quick", "--peers-model", "16"])
+    defaults_bench.main(["--quick", "--peers-model", "16", "--only", "defaults", "tuned"])
     out = capsys.readouterr().out
+    rows = [line.split("|")[1].strip() for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows == ["configuration", "DASH(params) new defaults", "DashConfig.tuned()", "torch AdamW (foreach)"]
     assert "3 x Linear(16, 16) with bias; 816 parameters" in out  # 3 x (16 x 16 + 16)

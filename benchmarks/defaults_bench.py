@@ -1,7 +1,8 @@
 """Optimizer-step time of the ``DASH`` adapter under its defaults, the old defaults, the paper's
-setting and the main job's setting, beside AdamW, on the main job's model, as a markdown table.
+setting, the main job's setting and the tuned preset, beside AdamW, on the main job's model (or
+benchmarks/peers.py's), as a markdown table.
 
-    python benchmarks/defaults_bench.py              # examples/train_lm.py's default Llama
+    python benchmarks/defaults_bench.py              # examples/train_lm.py's default Llama, the first four
     python benchmarks/defaults_bench.py --quick      # a tiny model: a smoke run
     python benchmarks/defaults_bench.py --peers-model 1024 --only defaults tuned   # peers.py's model
 
@@ -25,7 +26,10 @@ Configurations:
 * the main job: ``block_size=128, inv_root_freq=10`` (solver "auto"), examples/train_lm.py's ``dash``;
 * ``DashConfig.tuned()``: the scaling study's setting (Nesterov, roots every 3 steps, root order 3,
   relative floor 1e-5), whose cost decides whether it becomes the defaults (1.2x theirs at most);
-* ``torch.optim.AdamW(foreach=True)``.
+* ``torch.optim.AdamW(foreach=True)``, in every table (the ratios' base).
+
+The tuned preset refreshes every 3 steps, so timing it makes every window 30 steps (the least
+common multiple): it runs when ``--only`` names it (the first four run by default).
 """
 
 from __future__ import annotations
@@ -91,7 +95,7 @@ def linear_stack(d: int, device: torch.device) -> tuple[torch.nn.Module, dict[st
     return model.to(device), {k: g.to(device) for k, g in grads.items()}
 
 
-def make_optimizer(model: Llama, kwargs: dict | None, grads: dict[str, torch.Tensor]):
+def make_optimizer(model: torch.nn.Module, kwargs: dict | None, grads: dict[str, torch.Tensor]):
     """A copy of the model with the fixed gradients attached, and its optimizer."""
     model = copy.deepcopy(model)
     for name, p in model.named_parameters():
@@ -139,8 +143,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "--only",
         nargs="+",
         choices=list(configurations()),
+        default=["defaults", "old", "paper", "main"],
         metavar="KEY",
-        help=f"time only these configurations, of {list(configurations())} (AdamW always: the ratios' base)",
+        help=f"the configurations to time, of {list(configurations())} (AdamW always: the ratios' base)",
     )
     parser.add_argument(
         "--peers-model",
@@ -155,7 +160,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
 
-    if args.peers_model:
+    if args.peers_model is not None and args.peers_model < 1:
+        parser.error("--peers-model is a positive width")
+    if args.peers_model is not None:
         model, grads = linear_stack(args.peers_model, device)
         described = f"peers.py's 3 x Linear({args.peers_model}, {args.peers_model}) with bias"
     else:
@@ -176,7 +183,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         )
     n_params = sum(p.numel() for p in model.parameters())
 
-    keys = [k for k in configurations() if args.only is None or k in args.only or k == "adamw"]
+    keys = [k for k in configurations() if k in args.only or k == "adamw"]
     configs = [configurations()[k] for k in keys]
     freqs = [dash_fn.DashConfig(**kw).inv_root_freq for _, kw in configs if kw is not None]
     period = math.lcm(*freqs)  # every configuration refreshes a whole number of times per window

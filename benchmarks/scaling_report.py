@@ -11,7 +11,7 @@ from pathlib import Path
 from scaling import SIZES, best_rate, load, longer_studies
 
 COLORS = {"adamw": "C0", "muon": "C3", "dash-defaults": "C1", "dash-ndb": "C2", "dash-combo": "C4"}
-# the optimizers of the rate table and the plots: the baselines and the candidates for the defaults
+# the optimizers of the rate table and the plots: Muon and the candidates for DASH's defaults
 HEADLINE = ("muon", "dash-defaults", "dash-ndb", "dash-combo")
 # tokens per step of the extrapolation: a large-batch language-model step (e.g. 256 sequences of 2,048)
 LARGE_BATCH = 524_288
@@ -44,9 +44,13 @@ def paired(differences: list[float]) -> str:
 
 def versus_muon(runs: list[dict], muon: dict[int, dict]) -> str:
     """The paired difference to Muon's run of the same seed, over the seeds whose two runs were
-    made on one machine (final losses differ between machines by more than some gaps measured)."""
+    made on one machine (final losses differ between machines by more than some gaps measured).
+    One machine is one ``machine`` line: CPU, torch release, threads and Python alike; a run
+    without the line pairs with nothing."""
     pairs = [(r, muon[r["seed"]]) for r in runs if r["seed"] in muon]
-    same = [r["val_loss"][-1] - m["val_loss"][-1] for r, m in pairs if r.get("machine") == m.get("machine")]
+    same = [
+        r["val_loss"][-1] - m["val_loss"][-1] for r, m in pairs if "machine" in r and r["machine"] == m.get("machine")
+    ]
     apart = len(pairs) - len(same)
     if not same:
         return f"- ({apart} seeds, none on Muon's machine)" if apart else "-"

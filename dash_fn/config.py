@@ -51,7 +51,8 @@ class DashConfig:
 
     Roots and solvers:
         ``solver`` = "auto": "eigh", "cn" (coupled Newton), "ndb" (Newton-Denman-Beavers),
-            "chebyshev", or "auto" (eigh on the CPU, ndb on other devices) (5). Under
+            "chebyshev", or "auto" (eigh on the CPU; on other devices ndb, or cn where
+            root_order is not a power of two) (5). Under
             ``preconditioner="eigenvalue_corrected"``: "eigh", "qr" or "auto" (eigh on the
             CPU, qr on other devices: eigh syncs there, 5.7).
         ``newton_steps`` = 10, int >= 1: iterations of CN and of each NDB call.
@@ -155,8 +156,8 @@ class DashConfig:
 
     ``DashConfig.paper()`` is the DASH paper's recommended setting (ndb, pim, roots every
     step, eps 0, one-sided Shampoo vectors); ``DashConfig.tuned()`` is the scaling study's
-    setting (Nesterov, roots every 3 steps, root order 3, relative floor 1e-5), ahead of tuned
-    Muon at every size measured; ``config.replace(**changes)`` returns a validated
+    setting (Nesterov, roots every 3 steps, root order 3, relative floor 1e-5), which ended below
+    tuned Muon at its three sizes; ``config.replace(**changes)`` returns a validated
     copy. Every field is validated in ``__post_init__``: an invalid value raises ``ValueError``
     naming the field and the allowed range.
     """
@@ -287,12 +288,13 @@ class DashConfig:
 
     @classmethod
     def tuned(cls, **changes) -> DashConfig:
-        """The scaling study's setting (benchmarks/RESULTS.md, "Scaling"), which ends below
-        tuned Muon at every model size there: the defaults with Nesterov momentum on the averaged
-        gradient, roots refreshed every 3 steps, inverse cube roots per side (root_order 3) and
-        eigenvalues floored at 1e-5 of each factor's largest (then ``changes``). It refreshes
-        roots three times as often as the defaults; with ``solver="auto"`` the roots come from
-        eigh on the CPU and coupled Newton elsewhere (NDB takes power-of-two orders only)."""
+        """The scaling study's setting (benchmarks/RESULTS.md, "Update rules"), which ended
+        below tuned Muon at each of its model sizes (roots by eigh on the CPU): the defaults with
+        Nesterov momentum on the averaged gradient, roots refreshed every 3 steps instead of 10,
+        inverse cube roots per side (root_order 3) and a floor relative to each factor's
+        spectrum (eps_rel 1e-5, docs/ALGORITHM.md 5.6), then ``changes``. The roots cost 10/3
+        times the defaults' refresh work; with ``solver="auto"`` they come from eigh on the CPU
+        and coupled Newton elsewhere (NDB takes power-of-two orders only)."""
         return cls(**{"nesterov_G": True, "inv_root_freq": 3, "root_order": 3, "eps_rel": 1e-5, **changes})
 
 

@@ -81,6 +81,7 @@ def curve(final_steps, losses, ms_per_step, optimizer_ms):
         "timed_steps": final_steps,
         "optimizer_s": final_steps * optimizer_ms / 1e3,
         "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "steps": final_steps, "batch": 4, "context": 256},
+        "machine": "the test's machine",
     }
 
 
@@ -123,9 +124,9 @@ def test_report_pairs_with_muon_only_on_one_machine(monkeypatch, tmp_path):
     come from the machines as much as the optimizers): only seed 0 counts, and the cell says so."""
     monkeypatch.setattr(scaling, "RESULTS", tmp_path)
     runs = [
-        {"optimizer": "muon", "lr": 1e-2, "seed": s, "machine": "A", **curve(20, [2.5, 2.0], 10, 1)} for s in (0, 1)
+        {"optimizer": "muon", "lr": 1e-2, "seed": s, **curve(20, [2.5, 2.0], 10, 1), "machine": "A"} for s in (0, 1)
     ] + [
-        {"optimizer": "dash-combo", "lr": 3e-3, "seed": s, "machine": m, **curve(20, [2.5, 1.8 - 0.3 * s], 10, 1)}
+        {"optimizer": "dash-combo", "lr": 3e-3, "seed": s, **curve(20, [2.5, 1.8 - 0.3 * s], 10, 1), "machine": m}
         for s, m in ((0, "A"), (1, "B"))
     ]
     scaling.record("s", runs)

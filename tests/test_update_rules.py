@@ -20,7 +20,7 @@ from syncs import assert_one_graph_without_syncs
 
 pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (README, Tests)
 
-# every option on: NDB (the accelerator's solver) takes a power-of-two order
+# every option on, at a power-of-two order so that NDB serves it (the preset's test covers CN)
 ALL_OPTIONS = dict(grafting="rms", graft_rms=0.25, nesterov_G=True, eps_rel=1e-4, root_order=2)
 
 

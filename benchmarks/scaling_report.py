@@ -142,6 +142,18 @@ def extrapolation(size: str) -> list[str]:
     return lines
 
 
+def rate_table(sizes: list[str], base: str) -> str:
+    """Each HEADLINE optimizer's best rate (seed 0) over ``base``'s, per size: a porting rule
+    holds where a column stays within a factor of 2 of one value."""
+    labels = [k for k in HEADLINE if k != base]
+    lines = ["| size | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+    for size in sizes:
+        rate = best_rate(size, base)
+        cells = [f"{best_rate(size, k) / rate:.2g}" if rate and best_rate(size, k) else "-" for k in labels]
+        lines.append(f"| {size} | " + " | ".join(cells) + " |")  # e.g. 1e-3 / 3e-4: 3.3
+    return "\n".join(lines)
+
+
 def report(plots: str) -> None:
     sizes = [s for s in SIZES if load(s)]
     machines = sorted({r.get("machine", "not recorded") for s in sizes for r in load(s)})
@@ -159,16 +171,9 @@ def report(plots: str) -> None:
         print(ROWS_HEAD.format("study"))
         for name in longer:
             print("\n".join(size_rows(name)))
-    print("\n### Best rate over AdamW's best rate\n")
-    print("| size | " + " | ".join(HEADLINE) + " |")
-    print("|---|" + "---|" * len(HEADLINE))
-    for size in sizes:
-        adamw = best_rate(size, "adamw")
-        cells = [
-            f"{best_rate(size, k) / adamw:.2g}" if adamw and best_rate(size, k) else "-"  # 1e-3 / 3e-4: 3.3
-            for k in HEADLINE
-        ]
-        print(f"| {size} | " + " | ".join(cells) + " |")
+    for base, name in (("adamw", "AdamW"), ("muon", "Muon")):
+        print(f"\n### Best rate over {name}'s best rate\n")
+        print(rate_table(sizes, base))
     print(f"\n### Optimizer share at {LARGE_BATCH:,} tokens a step, from the measured costs\n")
     print(
         "| size | optimizer | optimizer ms (o) | forward+backward ms at the runs' 1,024 tokens (f) | "

@@ -228,3 +228,13 @@ def test_the_combination_the_study_ran_is_the_tuned_preset():
     assert name == "dash-defaults" and extra[0] == "--dash"
     changes = dict(train_lm.dash_field(text) for text in extra[1:])
     assert dash_fn.DashConfig().replace(**changes) == dash_fn.DashConfig.tuned() != dash_fn.DashConfig()
+
+
+def test_rate_table_divides_each_best_rate_by_the_bases(monkeypatch, tmp_path):
+    monkeypatch.setattr(scaling, "RESULTS", tmp_path)
+    finals = {("muon", 3e-3): 2.1, ("muon", 1e-2): 2.0, ("dash-combo", 6e-3): 1.8, ("dash-combo", 1.2e-2): 1.9}
+    runs = [{"optimizer": k, "lr": lr, "seed": 0, **curve(20, [2.5, v], 10, 1)} for (k, lr), v in finals.items()]
+    scaling.record("s", runs)
+    table = scaling_report.rate_table(["s"], "muon").splitlines()
+    assert table[0] == "| size | dash-defaults | dash-ndb | dash-combo |"
+    assert table[2] == "| s | - | - | 0.6 |"  # 6e-3 / 1e-2, the best rates

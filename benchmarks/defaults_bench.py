@@ -25,7 +25,7 @@ Configurations:
   vectors under one-sided Shampoo);
 * the main job: ``block_size=128, inv_root_freq=10`` (solver "auto"), examples/train_lm.py's ``dash``;
 * ``DashConfig.tuned()``: the scaling study's setting (Nesterov, roots every 3 steps, root order 3,
-  relative floor 1e-5), whose cost decides whether it becomes the defaults (1.2x theirs at most);
+  relative floor 1e-5), a named preset because it costs more than 1.2x the defaults' step;
 * ``torch.optim.AdamW(foreach=True)``, in every table (the ratios' base).
 
 The tuned preset refreshes every 3 steps, so timing it makes every window 30 steps (the least

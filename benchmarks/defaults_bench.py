@@ -68,6 +68,10 @@ def configurations() -> dict[str, tuple[str, dict | None]]:
         "paper": ("DashConfig.paper()", dataclasses.asdict(dash_fn.DashConfig.paper())),
         "main": ("main job: block_size=128, inv_root_freq=10", {"block_size": 128, "inv_root_freq": 10}),
         "tuned": ("DashConfig.tuned()", dataclasses.asdict(dash_fn.DashConfig.tuned())),
+        "tuned10": (
+            "DashConfig.tuned(inv_root_freq=10)",
+            dataclasses.asdict(dash_fn.DashConfig.tuned(inv_root_freq=10)),
+        ),
         "adamw": ("torch AdamW (foreach)", None),
     }
 

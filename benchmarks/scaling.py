@@ -71,6 +71,10 @@ OPTIMIZERS = {
     "dash-spectral": ("dash-defaults", ["--dash", "grafting=spectral"]),
     # the options that helped alone at size s, together
     "dash-combo": ("dash-defaults", ["--dash", "nesterov_G=true", "inv_root_freq=3", "root_order=3", "eps_rel=1e-5"]),
+    # the combination at the default refresh (every 10 steps): its cost is the defaults' step
+    "dash-combo10": ("dash-defaults", ["--dash", "nesterov_G=true", "root_order=3", "eps_rel=1e-5"]),
+    # the same as it resolves off the CPU (solver="auto" is coupled Newton for root_order 3)
+    "dash-combo10-cn": ("dash-defaults", ["--dash", "nesterov_G=true", "root_order=3", "eps_rel=1e-5", "solver=cn"]),
     # Muon with its Newton-Schulz iterations in float32, on CPUs whose bfloat16 products are slow
     # (benchmarks/muon_precision.py): the same math at higher precision
     "muon-fp32": ("muon", ["--muon-float32"]),

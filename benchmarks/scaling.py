@@ -22,12 +22,13 @@ result at one size is a matter of training length.
 
 The optimizers (``--optimizers``): AdamW, torch.optim.Muon (AdamW on the embedding, head and
 vectors), DASH at its defaults (``DashConfig()``: blocks of 256, eigh roots on the CPU refreshed
-in a staggered tenth every step under torch.compile), and the main job's best DASH (NDB roots,
-blocks of 128, eps 1e-6); ``dash-periodic`` (the defaults with every root refreshed every 10th
-step) and ``dash-bf16`` (the defaults with roots, gradient EMA and grafting moments stored in
-bfloat16) are measured at the defaults' best rate (``seeds --optimizers dash-periodic dash-bf16
---rate-of dash-defaults``), as are ``dash-block512`` (blocks of 512) and ``dash-defaults-ndb``
-(NDB roots, which ``solver="auto"`` picks on a GPU).
+in a staggered tenth every step under torch.compile, inverse cube roots, a relative floor and
+Nesterov's look-ahead), and the main job's best DASH before the defaults changed (NDB roots,
+blocks of 128, eps 1e-6). ``dash-previous`` is the defaults before the scaling study changed
+them (inverse 4th roots, no floor, the gradient EMA itself): the labels measured then
+(``dash-periodic``, ``dash-bf16``, ``dash-block512``, ``dash-previous-ndb`` and one option each
+of issue 39) are variations of it, at its best rate (``seeds --optimizers dash-periodic
+dash-bf16 --rate-of dash-defaults`` in the records' time).
 """
 
 from __future__ import annotations
@@ -47,43 +48,59 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "scaling"
 SIZES = ["s", "m", "l"]
 BF16 = "bfloat16"
+# the fields whose defaults the study changed, at their values before (benchmarks/RESULTS.md,
+# "Update rules"): the labels recorded before the change pin them, so that their records keep
+# their meaning; "dash-defaults" is the library's defaults now (the "dash-combo10" of the runs
+# that chose them), "dash-previous" the defaults before
+PREVIOUS = ["root_order=4", "eps_rel=0", "nesterov_G=false"]
+
+
+def _previous(*fields: str) -> list[str]:
+    """``--dash`` with the previous defaults, then ``fields`` (later fields win)."""
+    return ["--dash", *PREVIOUS, *fields]
+
+
 # label: (train_lm's OPTIMIZER, its extra arguments)
 OPTIMIZERS = {
     "adamw": ("adamw", []),
     "muon": ("muon", []),
     "dash-defaults": ("dash-defaults", []),
-    "dash-ndb": ("dash-ndb", ["--block-size", "128", "--eps", "1e-6"]),
-    "dash-periodic": ("dash-defaults", ["--refresh-schedule", "periodic"]),
-    "dash-bf16": ("dash-defaults", ["--dash", f"root_dtype={BF16}", f"grad_ema_dtype={BF16}", f"graft_dtype={BF16}"]),
+    # the defaults as they resolve off the CPU (solver="auto" is coupled Newton for root_order 3)
+    "dash-defaults-cn": ("dash-defaults", ["--dash", "solver=cn"]),
+    "dash-previous": ("dash-defaults", _previous()),
+    "dash-ndb": ("dash-ndb", ["--block-size", "128", "--eps", "1e-6", *_previous()]),
+    "dash-periodic": ("dash-defaults", ["--refresh-schedule", "periodic", *_previous()]),
+    "dash-bf16": ("dash-defaults", _previous(f"root_dtype={BF16}", f"grad_ema_dtype={BF16}", f"graft_dtype={BF16}")),
     # blocks as wide as the model at size l (the defaults' 256 is d_model at size m)
-    "dash-block512": ("dash-defaults", ["--dash", "block_size=512"]),
-    # the defaults as they resolve off the CPU (solver="auto" is NDB there): the solver apart from
-    # dash-ndb's blocks of 128 and eps 1e-6
-    "dash-defaults-ndb": ("dash-defaults", ["--dash", "solver=ndb"]),
-    # issue 39: the defaults with one option or lever changed (docs/ALGORITHM.md 4 e, 4 f, 5.6)
-    "dash-rms": ("dash-defaults", ["--dash", "grafting=rms"]),
-    "dash-floor": ("dash-defaults", ["--dash", "eps_rel=1e-5"]),
-    "dash-nesterov": ("dash-defaults", ["--dash", "nesterov_G=true"]),
-    "dash-order3": ("dash-defaults", ["--dash", "root_order=3"]),
-    "dash-betaG95": ("dash-defaults", ["--dash", "beta_G=0.95"]),
-    "dash-freq3": ("dash-defaults", ["--dash", "inv_root_freq=3"]),
-    "dash-betaLR9": ("dash-defaults", ["--dash", "beta_LR=0.9"]),
-    "dash-spectral": ("dash-defaults", ["--dash", "grafting=spectral"]),
-    # the options that helped alone at size s, together
-    "dash-combo": ("dash-defaults", ["--dash", "nesterov_G=true", "inv_root_freq=3", "root_order=3", "eps_rel=1e-5"]),
-    # the combination at the default refresh (every 10 steps): its cost is the defaults' step
-    "dash-combo10": ("dash-defaults", ["--dash", "nesterov_G=true", "root_order=3", "eps_rel=1e-5"]),
-    # the same as it resolves off the CPU (solver="auto" is coupled Newton for root_order 3)
-    "dash-combo10-cn": ("dash-defaults", ["--dash", "nesterov_G=true", "root_order=3", "eps_rel=1e-5", "solver=cn"]),
+    "dash-block512": ("dash-defaults", _previous("block_size=512")),
+    # the previous defaults as they resolved off the CPU (solver="auto" was NDB there): the
+    # solver apart from dash-ndb's blocks of 128 and eps 1e-6
+    "dash-previous-ndb": ("dash-defaults", _previous("solver=ndb")),
+    # the previous defaults with one option or lever changed (docs/ALGORITHM.md 4 e, 4 f, 5.6)
+    "dash-rms": ("dash-defaults", _previous("grafting=rms")),
+    "dash-floor": ("dash-defaults", _previous("eps_rel=1e-5")),
+    "dash-nesterov": ("dash-defaults", _previous("nesterov_G=true")),
+    "dash-order3": ("dash-defaults", _previous("root_order=3")),
+    "dash-betaG95": ("dash-defaults", _previous("beta_G=0.95")),
+    "dash-freq3": ("dash-defaults", _previous("inv_root_freq=3")),
+    "dash-betaLR9": ("dash-defaults", _previous("beta_LR=0.9")),
+    "dash-spectral": ("dash-defaults", _previous("grafting=spectral")),
+    # the options that helped alone at size s, together: DashConfig.tuned(), the defaults with
+    # roots every 3 steps
+    "dash-combo": ("dash-defaults", ["--dash", "inv_root_freq=3"]),
     # Muon with its Newton-Schulz iterations in float32, on CPUs whose bfloat16 products are slow
     # (benchmarks/muon_precision.py): the same math at higher precision
     "muon-fp32": ("muon", ["--muon-float32"]),
     # the fairness row: DASH on the hidden matrices only, AdamW on the rest, as the Muon runs
-    "dash-hidden": ("dash-defaults", ["--dash-hidden-only"]),
-    # issue 40: Adam in the factors' eigenbases (docs/ALGORITHM.md 4 k), otherwise the defaults
-    # (eigh bases on the CPU, refreshed in a staggered tenth every step)
-    "dash-ec": ("dash-defaults", ["--dash", "preconditioner=eigenvalue_corrected"]),
-    "dash-ec-freq3": ("dash-defaults", ["--dash", "preconditioner=eigenvalue_corrected", "inv_root_freq=3"]),
+    "dash-hidden": ("dash-defaults", ["--dash-hidden-only", *_previous()]),
+    # issue 40: Adam in the factors' eigenbases (docs/ALGORITHM.md 4 k), otherwise the previous
+    # defaults (eigh bases on the CPU, refreshed in a staggered tenth every step; the exponent and
+    # the floor do not apply)
+    "dash-ec": ("dash-defaults", ["--dash", "preconditioner=eigenvalue_corrected", "nesterov_G=false"]),
+    "dash-ec-freq3": (
+        "dash-defaults",
+        ["--dash", "preconditioner=eigenvalue_corrected", "nesterov_G=false", "inv_root_freq=3"],
+    ),
 }
 SWEPT = ["adamw", "muon", "dash-defaults", "dash-ndb"]
 # the best rates of the main job (size s; README), where the first sweep starts

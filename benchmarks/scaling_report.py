@@ -10,9 +10,16 @@ from pathlib import Path
 
 from scaling import SIZES, best_rate, load, longer_studies
 
-COLORS = {"adamw": "C0", "muon": "C3", "dash-defaults": "C1", "dash-ndb": "C2", "dash-combo": "C4"}
+COLORS = {
+    "adamw": "C0",
+    "muon": "C3",
+    "dash-defaults": "C1",
+    "dash-ndb": "C2",
+    "dash-combo": "C4",
+    "dash-previous": "C5",
+}
 # the optimizers of the rate table and the plots: Muon and the candidates for DASH's defaults
-HEADLINE = ("muon", "dash-defaults", "dash-ndb", "dash-combo")
+HEADLINE = ("muon", "dash-defaults", "dash-previous", "dash-ndb", "dash-combo")
 # tokens per step of the extrapolation: a large-batch language-model step (e.g. 256 sequences of 2,048)
 LARGE_BATCH = 524_288
 # the head of size_rows' table; its first column names the results file
@@ -241,7 +248,16 @@ def plot(sizes: list[str], folder: Path) -> None:
 
 
 # the update-size plot's lines: the defaults, the fixed-norm rules, Nesterov and Muon
-UPDATE_SIZE_LABELS = ["dash-defaults", "dash-rms", "dash-spectral", "dash-nesterov", "dash-combo", "muon", "muon-fp32"]
+UPDATE_SIZE_LABELS = [
+    "dash-previous",
+    "dash-defaults",
+    "dash-rms",
+    "dash-spectral",
+    "dash-nesterov",
+    "dash-combo",
+    "muon",
+    "muon-fp32",
+]
 
 
 def plot_update_sizes(sizes: list[str], folder: Path, plt) -> Path:

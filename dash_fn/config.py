@@ -27,9 +27,10 @@ class DashConfig:
     """Hyper-parameters of DASH (block Shampoo with stacked blocks).
 
     Matrix parameters are cut into ``block_size`` x ``block_size`` blocks; each block keeps two
-    Kronecker factors ``L = EMA(G G^T)`` and ``R = EMA(G^T G)`` whose inverse 4th roots
-    precondition the (EMA of the) gradient, ``U = L^{-1/4} G R^{-1/4}``, and the result is
-    grafted onto the norm of the Adam direction of the same block. The math, with every field
+    Kronecker factors ``L = EMA(G G^T)`` and ``R = EMA(G^T G)`` whose inverse p-th roots
+    precondition Nesterov's look-ahead of the gradient EMA, ``U = L^{-1/p} G R^{-1/p}`` (p = 3
+    by default, 4 under NDB and with ``root_order=4``), and the result is grafted onto the norm of
+    the Adam direction of the same block. The math, with every field
     in a table, is in docs/ALGORITHM.md (section 9 for the fields); field names match its
     symbols. Section numbers below refer to that document.
 
@@ -45,7 +46,7 @@ class DashConfig:
             second, ``solver`` computes the eigenbases ("eigh", "qr" or "auto"), the grafting
             moment (``beta_graft``, ``eps_graft``, "adam" or "adagrad") is Adam's second moment
             in the eigenbasis, and ``eps_rel``, ``root_order`` and the fixed-norm graftings do
-            not apply (refused when set).
+            not apply (refused when set to other than their defaults).
         ``qr_steps`` = 1, int >= 1: orthogonal iterations ``Q <- qr(F Q)`` per refresh of the
             "qr" basis solver, warm-started from the block's previous basis (5.7).
 
@@ -68,14 +69,17 @@ class DashConfig:
         ``eps`` = 1e-10, >= 0: eigh, CN and NDB invert ``X + eps I``.
         ``eigh_heuristic`` = "shampoo": "shampoo", "abs", "abs_add" or "relu", eigh's map
             from eigenvalues to the inverted spectrum (5.1).
-        ``eps_rel`` = 0.0, in [0, 1): a floor relative to each factor's spectrum (5.6). eigh
+        ``eps_rel`` = 1e-5, in [0, 1): a floor relative to each factor's spectrum (5.6). eigh
             takes a pseudo-inverse root: eigenvalues at or below ``eps_rel * lambda_max`` map to
             0 (as a thin block's diagonal factor); CN and NDB invert ``X + eps I + eps_rel
-            lambda_hat I``, lambda_hat the scale's own estimate of lambda_max. Chebyshev has its
-            relative shift already (``cheb_eps``) and refuses it.
-        ``root_order`` = 4, int >= 1: p of a matrix block's roots, each side preconditioned by
-            ``X^{-1/p}`` (a thin block's diagonal side too); one-sided vector segments keep p = 2.
-            eigh, CN and Chebyshev take any p, NDB a power of two (5.6).
+            lambda_hat I``, lambda_hat the scale's own estimate of lambda_max. Chebyshev's own
+            relative shift (``cheb_eps``) floors the spectrum at least as high where eps_rel <=
+            cheb_eps, and it refuses a larger eps_rel. 0 turns the floor off (the paper's).
+        ``root_order`` = None, None or int >= 1: p of a matrix block's roots, each side
+            preconditioned by ``X^{-1/p}`` (a thin block's diagonal side too); one-sided vector
+            segments keep p = 2. None is 3, except under ``solver="ndb"``, which composes square
+            roots and so takes powers of two only: 4 there, Shampoo's and the paper's
+            (``resolved_root_order`` gives p). eigh, CN and Chebyshev take any p (5.6).
         ``cn_tol`` = 1e-6, > 0, and ``cn_masking`` = True: a CN block stops changing once
             max|M - I| < cn_tol (fixed trip count, no host sync).
         ``ndb_tol`` = 1e-6, > 0, and ``ndb_masking`` = False: the same for NDB, on max|ZY - I|.
@@ -107,9 +111,10 @@ class DashConfig:
             before a block's first root and for thin blocks' diagonals).
         ``graft_rms`` = 0.2, > 0: the per-entry RMS that sets the fixed norms.
         ``eps_graft`` = 1e-8, > 0: eps of the Adam direction whose norm is grafted.
-        ``nesterov_G`` = False: precondition Nesterov's look-ahead of the gradient EMA,
+        ``nesterov_G`` = True: precondition Nesterov's look-ahead of the gradient EMA,
             ``beta_G * Gt_hat + (1 - beta_G) G`` (Gt_hat bias-corrected), instead of the EMA
-            itself (4 e; Muon's momentum form). Needs beta_G > 0.
+            itself (4 e; Muon's momentum form; False: the EMA, the paper's). With beta_G = 0
+            there is no EMA to look ahead of, and the gradient is preconditioned either way.
         ``bias_correction`` = True: bias-correct the gradient EMA and the grafting moment.
         ``mu`` = 0.0, in [0, 1): momentum on the grafted directions (0: none, no state).
         ``nesterov`` = True: Nesterov form of that momentum.
@@ -154,12 +159,14 @@ class DashConfig:
             products overflow, changes nothing (parameters, state, step counter) and is counted
             in ``state["skipped"]``, decided on the device (7.5); False lets it through.
 
-    ``DashConfig.paper()`` is the DASH paper's recommended setting (ndb, pim, roots every
-    step, eps 0, one-sided Shampoo vectors); ``DashConfig.tuned()`` is the scaling study's
-    setting (Nesterov, roots every 3 steps, root order 3, relative floor 1e-5), which ended below
-    tuned Muon at its three sizes; ``config.replace(**changes)`` returns a validated
-    copy. Every field is validated in ``__post_init__``: an invalid value raises ``ValueError``
-    naming the field and the allowed range.
+    The defaults' exponent, floor and look-ahead are the scaling study's: together they ended
+    below tuned Muon at its three model sizes, at about the step cost of Shampoo's exponent and
+    the plain EMA (docs/ALGORITHM.md 11). ``DashConfig.paper()`` is the DASH paper's
+    recommended setting (ndb, pim, inverse 4th roots every step, eps 0, no floor, no look-ahead,
+    one-sided Shampoo vectors); ``DashConfig.tuned()`` refreshes the roots every 3 steps instead
+    of 10; ``config.replace(**changes)`` returns a validated copy. Every field is validated in
+    ``__post_init__``: an invalid value raises ``ValueError`` naming the field and the allowed
+    range.
     """
 
     block_size: int = 256
@@ -173,8 +180,8 @@ class DashConfig:
     start_prec_step: float = 1  # an int >= 1, or math.inf for "never precondition"
     eps: float = 1e-10
     eigh_heuristic: str = "shampoo"
-    eps_rel: float = 0.0
-    root_order: int = 4
+    eps_rel: float = 1e-5
+    root_order: int | None = None
     cn_tol: float = 1e-6
     cn_masking: bool = True
     ndb_tol: float = 1e-6
@@ -194,7 +201,7 @@ class DashConfig:
     grafting: str = "adam"
     graft_rms: float = 0.2
     eps_graft: float = 1e-8
-    nesterov_G: bool = False
+    nesterov_G: bool = True
     bias_correction: bool = True
     mu: float = 0.0
     nesterov: bool = True
@@ -221,7 +228,8 @@ class DashConfig:
         _check_int(self, "pi_steps", 1)
         _check_int(self, "pim_vectors", 1)
         _check_int(self, "scaling_seed", 0)
-        _check_int(self, "root_order", 1)
+        if self.root_order is not None:
+            _check_int(self, "root_order", 1)
         _check_int(self, "qr_steps", 1)
         s = self.start_prec_step
         if not (s == math.inf or (_is_int(s) and s >= 1)):
@@ -256,13 +264,18 @@ class DashConfig:
         for name in ("cn_masking", "ndb_masking", "bias_correction", "nesterov", "nesterov_G", "skip_nonfinite"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"DashConfig.{name} must be a bool, got {getattr(self, name)!r}")
-        if self.nesterov_G and self.beta_G == 0:
-            raise ValueError("DashConfig.nesterov_G needs a gradient EMA to look ahead of: set beta_G > 0")
         check_solver_options(self, self.solver)
 
     def replace(self, **changes) -> DashConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
+
+    @property
+    def resolved_root_order(self) -> int:
+        """p of a matrix block's roots: ``root_order``, or for None 3 (4 under solver "ndb")."""
+        if self.root_order is not None:
+            return self.root_order
+        return 4 if self.solver == "ndb" else 3
 
     @property
     def vector_decay(self) -> float:
@@ -272,8 +285,8 @@ class DashConfig:
     @classmethod
     def paper(cls, **changes) -> DashConfig:
         """The DASH paper's recommended setting: blocks of 1024, NDB with power-iteration
-        scaling, roots refreshed every step, eps 0, vectors under one-sided Shampoo (then
-        ``changes``)."""
+        scaling, inverse 4th roots refreshed every step, eps 0 and no relative floor, the
+        gradient EMA itself (no look-ahead), vectors under one-sided Shampoo (then ``changes``)."""
         return cls(
             **{
                 "block_size": 1024,
@@ -281,6 +294,9 @@ class DashConfig:
                 "scaling": "pim",
                 "inv_root_freq": 1,
                 "eps": 0.0,
+                "eps_rel": 0.0,
+                "root_order": 4,
+                "nesterov_G": False,
                 "one_dim": "shampoo",
                 **changes,
             }
@@ -288,14 +304,11 @@ class DashConfig:
 
     @classmethod
     def tuned(cls, **changes) -> DashConfig:
-        """The scaling study's setting (benchmarks/RESULTS.md, "Update rules"), which ended
-        below tuned Muon at each of its model sizes (roots by eigh on the CPU): the defaults with
-        Nesterov momentum on the averaged gradient, roots refreshed every 3 steps instead of 10,
-        inverse cube roots per side (root_order 3) and a floor relative to each factor's
-        spectrum (eps_rel 1e-5, docs/ALGORITHM.md 5.6), then ``changes``. The roots cost 10/3
-        times the defaults' refresh work; with ``solver="auto"`` they come from eigh on the CPU
-        and coupled Newton elsewhere (NDB takes power-of-two orders only)."""
-        return cls(**{"nesterov_G": True, "inv_root_freq": 3, "root_order": 3, "eps_rel": 1e-5, **changes})
+        """The defaults with roots refreshed every 3 steps instead of 10 (then ``changes``): the
+        scaling study's first combination (benchmarks/RESULTS.md, "Update rules"), lower than
+        the defaults at the smallest size and level with them at the larger two, for 10/3 times
+        the refresh work."""
+        return cls(**{"inv_root_freq": 3, **changes})
 
 
 def check_solver_options(config: DashConfig, solver: str) -> None:
@@ -307,7 +320,7 @@ def check_solver_options(config: DashConfig, solver: str) -> None:
 
 
 def _unsupported(config: DashConfig, solver: str) -> str | None:
-    p = config.root_order
+    p = config.resolved_root_order
     if config.preconditioner == "eigenvalue_corrected":
         if solver not in (*BASIS_SOLVERS, "auto"):
             return (
@@ -318,16 +331,25 @@ def _unsupported(config: DashConfig, solver: str) -> str | None:
                 f"preconditioner 'eigenvalue_corrected' takes no grafting (Adam's second moment in the eigenbasis "
                 f"sets each entry's scale); grafting={config.grafting!r} must be 'adam' (an EMA moment) or 'adagrad'"
             )
-        if config.eps_rel > 0 or p != 4:
-            return "preconditioner 'eigenvalue_corrected' computes no roots: eps_rel and root_order do not apply"
+        if (config.eps_rel, config.root_order) != (_DEFAULTS["eps_rel"], _DEFAULTS["root_order"]):
+            return (
+                "preconditioner 'eigenvalue_corrected' computes no roots: eps_rel and root_order do not apply "
+                "(leave them at their defaults)"
+            )
         return None
     if solver == "qr":
         return "solver 'qr' computes eigenbases, for preconditioner='eigenvalue_corrected'; roots need another"
     if solver == "ndb" and not ndb_serves(p):
         return f"solver 'ndb' takes roots of a power-of-two order (>= 2), not root_order={p}; use eigh, cn or chebyshev"
-    if solver == "chebyshev" and config.eps_rel > 0:
-        return "solver 'chebyshev' shifts relative to its scale already (cheb_eps); eps_rel must be 0 with it"
+    if solver == "chebyshev" and config.eps_rel > config.cheb_eps:
+        return (
+            f"solver 'chebyshev' shifts by cheb_eps={config.cheb_eps:g} relative to its scale, which floors the "
+            f"spectrum only up to that: eps_rel={config.eps_rel:g} must not exceed it"
+        )
     return None
+
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(DashConfig)}
 
 
 def ndb_serves(root_order: int) -> bool:

@@ -237,7 +237,7 @@ def products_bounded(vectors: Sequence[torch.Tensor], blocks: Sequence[torch.Ten
 
 def fused_adam_applies(config: DashConfig, entry, G: torch.Tensor) -> bool:
     """Whether the fused Adam kernel serves this group: an EMA grafting moment, a gradient EMA
-    (without Nesterov's look-ahead) and bias correction (the defaults), blocks of whole 64-byte
+    (without Nesterov's look-ahead, the paper's form) and bias correction, blocks of whole 64-byte
     vectors, contiguous state in the state dtype.
 
     The kernel walks its tensors as flat arrays in vectors of 64 bytes with scalar code for the

@@ -239,7 +239,7 @@ def _refresh_slice(ctx: _Step, k: int) -> None:
 def _root_order(config: DashConfig, order: int) -> int:
     """p of a stack's roots: the config's ``root_order`` for matrix blocks (the plan's order 4),
     2 for one-sided segments."""
-    return config.root_order if order == 4 else order
+    return config.resolved_root_order if order == 4 else order
 
 
 def _start_vectors(ctx: _Step, stack) -> torch.Tensor | None:
@@ -267,7 +267,7 @@ def _direction(ctx: _Step, g: int, Gt: torch.Tensor, D: torch.Tensor) -> torch.T
         U = stacked_matmul(U, _refreshed(ctx, group, group.right))
     if group.diagonal_dim is not None:  # a thin block's long side (docs/ALGORITHM.md 2.5)
         A = ctx.state["groups", str(g), "A"].to(local.dtype)
-        U = U * _diagonal_root(A, group.diagonal_dim, config.root_order, config.eps, config.eps_rel)
+        U = U * _diagonal_root(A, group.diagonal_dim, config.resolved_root_order, config.eps, config.eps_rel)
     P = U.mul_(graft / (norm(U) + 1e-16))  # U: this step's own product
     if config.refresh_schedule == "staggered":  # a block's Adam direction until its first refresh
         side = group.factor_sides[0]

@@ -465,7 +465,7 @@ MUTATIONS = [
     Mutation(
         "update rules: root_order ignored by the refresh",
         "dash_fn/step.py",
-        "return config.root_order if order == 4 else order",
+        "return config.resolved_root_order if order == 4 else order",
         "return order",
         ("tests/test_reference_agreement.py", "-k", "order3"),
     ),
@@ -521,9 +521,16 @@ MUTATIONS = [
     Mutation(
         "update rules: auto takes NDB off the CPU whatever the root order (refused at init)",
         "dash_fn/roots/__init__.py",
-        'return "ndb" if ndb_serves(config.root_order) else "cn"',
+        'return "ndb" if ndb_serves(config.resolved_root_order) else "cn"',
         'return "ndb"',
         ("tests/test_update_rules.py", "-k", "tuned_preset"),
+    ),
+    Mutation(
+        "defaults: an unset root order is 4 (Shampoo's) under every solver",
+        "dash_fn/config.py",
+        'return 4 if self.solver == "ndb" else 3',
+        "return 4",
+        ("tests/test_reference_agreement.py",),
     ),
 ]
 

@@ -99,6 +99,8 @@ class ReferenceDash:
         self.c = config
         self.t = 0
         self.root = root or (lambda X, p: eigh_root(X, p, config.eps, config.eigh_heuristic, config.eps_rel))
+        # p of matrix blocks: root_order; unset, inverse cube roots, or 4th under NDB (square roots only)
+        self.p = config.root_order or (4 if config.solver == "ndb" else 3)
         self.corrected = config.preconditioner == "eigenvalue_corrected"
         self.basis = basis or (lambda X, Q: eigenvectors_decreasing(X))
         self.state = {}
@@ -150,7 +152,7 @@ class ReferenceDash:
 
     def _thin(self, r: int, c: int) -> tuple[bool, bool, int, str | None]:
         """(full left factor?, full right factor?, p, the diagonal side) of an r x c matrix block."""
-        ratio, p = self.c.thin_ratio, self.c.root_order
+        ratio, p = self.c.thin_ratio, self.p
         if r >= ratio * c:
             return False, True, p, "rows"
         if c >= ratio * r:
@@ -177,7 +179,7 @@ class ReferenceDash:
 
     def diagonal_root(self, d: torch.Tensor) -> torch.Tensor:
         """(d + eps)^(-1/p) entrywise, 0 where d <= eps_rel max(d) (where d = 0 at eps_rel = 0)."""
-        floor, p = self.c.eps_rel * float(d.max()), self.c.root_order
+        floor, p = self.c.eps_rel * float(d.max()), self.p
         return torch.tensor([0.0 if x <= floor else (x + self.c.eps) ** (-1.0 / p) for x in d.tolist()], dtype=f64)
 
     def keep(self, field: str, x: torch.Tensor) -> torch.Tensor:

@@ -63,6 +63,7 @@ def test_never_preconditioned_is_adamw(weight_decay, weight_decay_1d):
         block_size=24,
         solver="eigh",
         start_prec_step=math.inf,
+        nesterov_G=False,  # Adam's EMA, not Nesterov's look-ahead (the reference checks that)
         beta_G=0.8,
         beta_graft=0.99,
         weight_decay=weight_decay,
@@ -79,7 +80,7 @@ def test_never_preconditioned_is_adamw(weight_decay, weight_decay_1d):
 def test_steps_before_start_prec_step_are_adam():
     """Every step t < s equals Adam; step s then departs (preconditioning starts)."""
     s = 6
-    config = dash_fn.DashConfig(block_size=24, solver="eigh", start_prec_step=s)
+    config = dash_fn.DashConfig(block_size=24, solver="eigh", start_prec_step=s, nesterov_G=False)
     for steps in range(1, s):
         ours = dash_run(config, steps, 0.01)
         theirs = torch_adamw_run(config, steps, 0.01, adamw_groups(config, 0.01))

@@ -122,15 +122,15 @@ def test_defaults_follow_the_spec():
         c.replace(weight_decay=0.1).vector_decay == 0.1
         and c.replace(weight_decay=0.1, weight_decay_1d=0.0).vector_decay == 0.0
     )
+    # the scaling study's exponent, floor and look-ahead (docs/ALGORITHM.md 9)
+    assert (c.resolved_root_order, c.eps_rel, c.nesterov_G) == (3, 1e-5, True)
+    # NDB composes square roots: unset, its order is Shampoo's 4, also when the solver is replaced
+    assert dash_fn.DashConfig(solver="ndb").resolved_root_order == c.replace(solver="ndb").resolved_root_order == 4
+    assert dash_fn.DashConfig(solver="cn").resolved_root_order == 3
     tuned = dash_fn.DashConfig.tuned(block_size=128)
-    assert (tuned.nesterov_G, tuned.inv_root_freq, tuned.root_order, tuned.eps_rel, tuned.block_size) == (
-        True,
-        3,
-        3,
-        1e-5,
-        128,
-    )
+    assert tuned == c.replace(inv_root_freq=3, block_size=128)
     paper = dash_fn.DashConfig.paper()
+    assert (paper.root_order, paper.eps_rel, paper.nesterov_G) == (4, 0.0, False)
     assert (paper.solver, paper.scaling, paper.inv_root_freq, paper.eps, paper.one_dim, paper.block_size) == (
         "ndb",
         "pim",

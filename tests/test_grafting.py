@@ -27,7 +27,7 @@ def adam_norms(grad_history, config, B):
 @pytest.mark.parametrize("rescale_roots", [False, True])
 def test_block_update_norm_equals_lr_times_adam_norm(rescale_roots):
     B, lr = 24, 0.03
-    config = dash_fn.DashConfig(block_size=B, solver="eigh", inv_root_freq=100)
+    config = dash_fn.DashConfig(block_size=B, solver="eigh", inv_root_freq=100, nesterov_G=False)
     params = mixed_params(torch.float64)
     state = dash_fn.init(params, config)
     history = []

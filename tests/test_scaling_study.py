@@ -2,6 +2,7 @@
 its grid, the sweep's widening until the best rate is inside, and the report's arithmetic, on
 synthetic runs whose answers are known in closed form."""
 
+import dataclasses
 import json
 import math
 import os
@@ -230,11 +231,34 @@ def test_the_combination_the_study_ran_is_the_tuned_preset():
     assert dash_fn.DashConfig().replace(**changes) == dash_fn.DashConfig.tuned() != dash_fn.DashConfig()
 
 
+def label_config(label: str) -> dash_fn.DashConfig:
+    """The DashConfig a dash-defaults-based study label trains (its --dash fields, later ones win)."""
+    name, extra = scaling.OPTIMIZERS[label]
+    assert name == "dash-defaults"
+    fields = extra[extra.index("--dash") + 1 :] if "--dash" in extra else []
+    return dash_fn.DashConfig().replace(**dict(train_lm.dash_field(text) for text in fields))
+
+
+def test_the_labels_measured_before_the_defaults_changed_keep_their_config():
+    """dash-previous is the defaults before the study (inverse 4th roots, no floor, the EMA), the
+    one-option labels differ from it in their field alone, dash-defaults is DashConfig() now."""
+    previous = label_config("dash-previous")
+    assert (previous.resolved_root_order, previous.eps_rel, previous.nesterov_G) == (4, 0.0, False)
+    assert label_config("dash-defaults") == dash_fn.DashConfig() != previous
+    options = {"dash-floor": "eps_rel", "dash-nesterov": "nesterov_G", "dash-order3": "root_order"}
+    options |= {"dash-betaG95": "beta_G", "dash-freq3": "inv_root_freq", "dash-betaLR9": "beta_LR"}
+    options |= {"dash-rms": "grafting", "dash-spectral": "grafting", "dash-block512": "block_size"}
+    for label, field in options.items():
+        config = label_config(label)
+        changed = [f.name for f in dataclasses.fields(config) if getattr(config, f.name) != getattr(previous, f.name)]
+        assert changed == [field], label
+
+
 def test_rate_table_divides_each_best_rate_by_the_bases(monkeypatch, tmp_path):
     monkeypatch.setattr(scaling, "RESULTS", tmp_path)
     finals = {("muon", 3e-3): 2.1, ("muon", 1e-2): 2.0, ("dash-combo", 6e-3): 1.8, ("dash-combo", 1.2e-2): 1.9}
     runs = [{"optimizer": k, "lr": lr, "seed": 0, **curve(20, [2.5, v], 10, 1)} for (k, lr), v in finals.items()]
     scaling.record("s", runs)
     table = scaling_report.rate_table(["s"], "muon").splitlines()
-    assert table[0] == "| size | dash-defaults | dash-ndb | dash-combo |"
-    assert table[2] == "| s | - | - | 0.6 |"  # 6e-3 / 1e-2, the best rates
+    assert table[0] == "| size | dash-defaults | dash-previous | dash-ndb | dash-combo |"
+    assert table[2] == "| s | - | - | - | 0.6 |"  # 6e-3 / 1e-2, the best rates

@@ -106,7 +106,14 @@ def test_newton_relative_damping_uses_the_power_iterations_estimate(solver):
     lam = torch.tensor([3.0, 1.0, 0.5, 1e-4, 0.0, 0.0], dtype=torch.float64)
     X = ((Q * lam) @ Q.T)[None]
     config = dash_fn.DashConfig(
-        solver=solver, eps=0.0, eps_rel=1e-2, eps_power_iter=0.0, pi_steps=200, newton_steps=60, scaling="pim"
+        solver=solver,
+        root_order=4,
+        eps=0.0,
+        eps_rel=1e-2,
+        eps_power_iter=0.0,
+        pi_steps=200,
+        newton_steps=60,
+        scaling="pim",
     )
     got = dash_fn.inverse_root(X, 4, config, start=start_vectors(6, config, torch.float64))
     expected = (Q * (lam + 1e-2 * 3.0) ** -0.25) @ Q.T
@@ -116,16 +123,34 @@ def test_newton_relative_damping_uses_the_power_iterations_estimate(solver):
 def test_options_the_solver_cannot_serve_are_refused():
     with pytest.raises(ValueError, match="power-of-two order"):
         dash_fn.DashConfig(solver="ndb", root_order=3)
+    # Chebyshev's own shift cheb_eps s floors the spectrum up to cheb_eps: the default floor fits
+    assert dash_fn.DashConfig(solver="chebyshev").eps_rel <= dash_fn.DashConfig().cheb_eps
     with pytest.raises(ValueError, match="cheb_eps"):
-        dash_fn.DashConfig(solver="chebyshev", eps_rel=1e-3)
-    with pytest.raises(ValueError, match="beta_G > 0"):
-        dash_fn.DashConfig(beta_G=0.0, nesterov_G=True)
+        dash_fn.DashConfig(solver="chebyshev", eps_rel=2e-3)
+    dash_fn.DashConfig(preconditioner="eigenvalue_corrected")  # the root options at their defaults
+    for changed in ({"root_order": 4}, {"eps_rel": 0.0}):
+        with pytest.raises(ValueError, match="do not apply"):
+            dash_fn.DashConfig(preconditioner="eigenvalue_corrected", **changed)
     with pytest.raises(ValueError, match="eps_rel"):
         dash_fn.DashConfig(eps_rel=1.0)
     with pytest.raises(ValueError, match="graft_rms"):
         dash_fn.DashConfig(graft_rms=0.0)
     with pytest.raises(ValueError, match="root_order"):
         dash_fn.DashConfig(root_order=0)
+
+
+def test_the_look_ahead_of_no_ema_is_the_gradient_itself():
+    """With beta_G = 0 there is no EMA: Nesterov's beta Gt + (1 - beta) G is G, bit for bit."""
+    params = mixed_params()
+    runs = []
+    for nesterov_G in (True, False):
+        config = dash_fn.DashConfig(block_size=8, beta_G=0.0, nesterov_G=nesterov_G, inv_root_freq=2)
+        p, state = dict(params), dash_fn.init(params, config)
+        for t in range(1, 5):
+            p, state = dash_fn.step(p, random_grads(params, t), state, lr=1e-2)
+        runs.append(p)
+    assert all(torch.equal(runs[0][k], runs[1][k]) for k in params)
+    assert not any(torch.equal(runs[0][k], params[k]) for k in params)
 
 
 @pytest.mark.parametrize("order, solver", [(1, "cn"), (2, "ndb"), (3, "cn"), (4, "ndb"), (6, "cn"), (8, "ndb")])

@@ -51,7 +51,7 @@ def resolve_solver(config: DashConfig, strategy: Strategy) -> str:
         return "eigh"
     if config.preconditioner == "eigenvalue_corrected":
         return "qr"
-    return "ndb" if ndb_serves(config.root_order) else "cn"
+    return "ndb" if ndb_serves(config.resolved_root_order) else "cn"
 
 
 def prepare(config: DashConfig, strategy: Strategy) -> None:

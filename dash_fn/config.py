@@ -52,8 +52,8 @@ class DashConfig:
 
     Roots and solvers:
         ``solver`` = "auto": "eigh", "cn" (coupled Newton), "ndb" (Newton-Denman-Beavers),
-            "chebyshev", or "auto" (eigh on the CPU; on other devices ndb, or cn where
-            root_order is not a power of two) (5). Under
+            "chebyshev", or "auto" (eigh on the CPU; on other devices cn, or ndb where
+            the root order is a power of two) (5). Under
             ``preconditioner="eigenvalue_corrected"``: "eigh", "qr" or "auto" (eigh on the
             CPU, qr on other devices: eigh syncs there, 5.7).
         ``newton_steps`` = 10, int >= 1: iterations of CN and of each NDB call.

@@ -88,7 +88,7 @@ def _main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--solver",
         default="auto",
-        help="root solver (auto: eigh on the CPU, NDB on a GPU: eigh cannot run under CUDA graphs)",
+        help="root solver (auto: eigh on the CPU, coupled Newton on a GPU: eigh cannot run under CUDA graphs)",
     )
     parser.add_argument("--block-size", type=int, default=128, help="DASH block size")
     parser.add_argument("--inv-root-freq", type=int, default=5, help="steps between inverse-root refreshes")

@@ -60,7 +60,8 @@ from peers import make_model  # noqa: E402
 LR = 3e-3
 
 
-# the fields whose defaults the scaling study changed (docs/ALGORITHM.md 9), at their values before
+# the fields whose defaults the scaling study changed (docs/ALGORITHM.md 11), at their values before
+# (benchmarks/scaling.py pins the same, as train_lm --dash fields)
 PREVIOUS = {"root_order": 4, "eps_rel": 0.0, "nesterov_G": False}
 
 

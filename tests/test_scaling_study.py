@@ -16,6 +16,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 
 import dash_fn  # noqa: E402
+import defaults_bench  # noqa: E402
 import scaling  # noqa: E402
 import scaling_report  # noqa: E402
 import train_lm  # noqa: E402
@@ -244,6 +245,7 @@ def test_the_labels_measured_before_the_defaults_changed_keep_their_config():
     one-option labels differ from it in their field alone, dash-defaults is DashConfig() now."""
     previous = label_config("dash-previous")
     assert (previous.resolved_root_order, previous.eps_rel, previous.nesterov_G) == (4, 0.0, False)
+    assert dash_fn.DashConfig(**defaults_bench.PREVIOUS) == previous  # the cost bench's previous defaults
     assert label_config("dash-defaults") == dash_fn.DashConfig() != previous
     options = {"dash-floor": "eps_rel", "dash-nesterov": "nesterov_G", "dash-order3": "root_order"}
     options |= {"dash-betaG95": "beta_G", "dash-freq3": "inv_root_freq", "dash-betaLR9": "beta_LR"}

@@ -57,7 +57,8 @@ LLAMA_953M_LAYER = {
     "down": (2048, 5632),
 }
 TINY_LAYER = {"qkv": (96, 32), "o": (32, 32), "gate": (88, 32), "up": (88, 32), "down": (32, 88)}
-# NDB with momentum (the guard, skip_nonfinite, is on by default); eps 1e-6 so that a difference
+# NDB (Shampoo's 4th roots) with momentum and the defaults' floor and look-ahead (the guard,
+# skip_nonfinite, is on by default); eps 1e-6 so that a difference
 # between compiled and eager measures the compiler: at 1e-10 the near-null eigenvalues of these
 # rank-deficient factors (batches of 32) amplify rounding noise by eps^(-1/4) in any two programs
 EPS = 1e-6

@@ -28,7 +28,7 @@ blocks of 128, eps 1e-6). ``dash-previous`` is the defaults before the scaling s
 them (inverse 4th roots, no floor, the gradient EMA itself): the labels measured then
 (``dash-periodic``, ``dash-bf16``, ``dash-block512``, ``dash-previous-ndb`` and one option each
 of issue 39) are variations of it, at its best rate (``seeds --optimizers dash-periodic
-dash-bf16 --rate-of dash-defaults`` in the records' time).
+dash-bf16 --rate-of dash-previous``).
 """
 
 from __future__ import annotations
@@ -223,7 +223,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--optimizers", nargs="+", choices=list(OPTIMIZERS), default=SWEPT, help="what to train")
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2], help="the seeds the seeds command trains")
     parser.add_argument(
-        "--rate-of", choices=SWEPT, help="seeds: train at this optimizer's best rate instead of each one's own"
+        "--rate-of",
+        choices=[*SWEPT, "dash-previous"],
+        help="seeds: train at this optimizer's best rate instead of each one's own",
     )
     parser.add_argument("--steps", type=int, help="seeds: train this many steps instead of the size's preset")
     parser.add_argument(

@@ -45,8 +45,8 @@ class DashConfig:
             in the eigenbasis of each block's factors, SOAP's form, no grafting: 4 k). In the
             second, ``solver`` computes the eigenbases ("eigh", "qr" or "auto"), the grafting
             moment (``beta_graft``, ``eps_graft``, "adam" or "adagrad") is Adam's second moment
-            in the eigenbasis, and ``eps_rel``, ``root_order`` and the fixed-norm graftings do
-            not apply (refused when set to other than their defaults).
+            in the eigenbasis; ``eps_rel`` and ``root_order`` do not apply (it computes no
+            roots) and the fixed-norm graftings are refused.
         ``qr_steps`` = 1, int >= 1: orthogonal iterations ``Q <- qr(F Q)`` per refresh of the
             "qr" basis solver, warm-started from the block's previous basis (5.7).
 
@@ -73,8 +73,9 @@ class DashConfig:
             takes a pseudo-inverse root: eigenvalues at or below ``eps_rel * lambda_max`` map to
             0 (as a thin block's diagonal factor); CN and NDB invert ``X + eps I + eps_rel
             lambda_hat I``, lambda_hat the scale's own estimate of lambda_max. Chebyshev's own
-            relative shift (``cheb_eps``) floors the spectrum at least as high where eps_rel <=
-            cheb_eps, and it refuses a larger eps_rel. 0 turns the floor off (the paper's).
+            relative shift (``cheb_eps``) floors its roots' spectrum at least as high where
+            eps_rel <= cheb_eps (a larger eps_rel is refused); a thin block's diagonal side takes
+            the floor under every solver. 0 turns the floor off (the paper's).
         ``root_order`` = None, None or int >= 1: p of a matrix block's roots, each side
             preconditioned by ``X^{-1/p}`` (a thin block's diagonal side too); one-sided vector
             segments keep p = 2. None is 3, except under ``solver="ndb"``, which composes square
@@ -331,12 +332,7 @@ def _unsupported(config: DashConfig, solver: str) -> str | None:
                 f"preconditioner 'eigenvalue_corrected' takes no grafting (Adam's second moment in the eigenbasis "
                 f"sets each entry's scale); grafting={config.grafting!r} must be 'adam' (an EMA moment) or 'adagrad'"
             )
-        if (config.eps_rel, config.root_order) != (_DEFAULTS["eps_rel"], _DEFAULTS["root_order"]):
-            return (
-                "preconditioner 'eigenvalue_corrected' computes no roots: eps_rel and root_order do not apply "
-                "(leave them at their defaults)"
-            )
-        return None
+        return None  # it computes no roots: eps_rel and root_order do not apply
     if solver == "qr":
         return "solver 'qr' computes eigenbases, for preconditioner='eigenvalue_corrected'; roots need another"
     if solver == "ndb" and not ndb_serves(p):
@@ -347,9 +343,6 @@ def _unsupported(config: DashConfig, solver: str) -> str | None:
             f"spectrum only up to that: eps_rel={config.eps_rel:g} must not exceed it"
         )
     return None
-
-
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(DashConfig)}
 
 
 def ndb_serves(root_order: int) -> bool:

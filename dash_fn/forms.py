@@ -103,7 +103,7 @@ class DeviceForms:
         if config.beta_G > 0:
             decay = guard.decay(config.beta_G, dtype)
             Gt, cG = ema_(entry["Gt"], decay, guard.masked(G, -0.0), 1 - config.beta_G), corrections["G"]
-        if config.nesterov_G:  # the look-ahead beta Gt_hat + (1 - beta) G, bias-corrected already
+        if config.nesterov_G and config.beta_G > 0:  # the look-ahead beta Gt_hat + (1 - beta) G (no EMA: G)
             Gt = torch.add((Gt if cG is None else Gt / cG) * config.beta_G, G, alpha=1 - config.beta_G)
             cG = None
         # D = (Gt / cG) / (sqrt(A) / sqrt(cA) + eps), op for op, in place on its two temporaries

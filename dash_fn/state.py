@@ -243,10 +243,10 @@ def _warn_about_precision(config: DashConfig, device: torch.device) -> None:
     solver = resolve_solver(config, for_device(device))
     if solver == "eigh" or config.matmul_dtype == "float32":
         return
-    if solver == "ndb":
+    if solver in ("ndb", "cn"):
         warnings.warn(
-            f"NDB with matmul_dtype={config.matmul_dtype} is reported unstable "
-            "(the DASH paper ran NDB in float32 only)",
+            f"{solver.upper()} with matmul_dtype={config.matmul_dtype} is reported unstable "
+            "(the DASH paper ran the Newton iterations in float32 only; docs/ALGORITHM.md 5.5)",
             stacklevel=3,
         )
     if device.type not in ("cuda", "xpu"):

@@ -106,8 +106,9 @@ def test_eigh_syncs_once_per_solver_call_only_in_its_error_check():
 
 
 @pytest.mark.compat
-def test_auto_picks_ndb_and_eigh_is_refused_under_cuda_graphs():
-    assert "start_vectors" in dash_fn.init(mixed_params(), dash_fn.DashConfig()).keys()  # auto: NDB, power iteration
+def test_auto_picks_a_matmul_solver_and_eigh_is_refused_under_cuda_graphs():
+    # auto: coupled Newton for the default cube roots, scaled by power iteration from stored vectors
+    assert "start_vectors" in dash_fn.init(mixed_params(), dash_fn.DashConfig()).keys()
     model = torch.nn.Linear(8, 4)
     model(torch.randn(2, 8)).sum().backward()
     opt = dash_fn.DASH(model.parameters(), solver="eigh", compile={"mode": "reduce-overhead"})

@@ -142,8 +142,6 @@ def test_options_it_does_not_take_are_refused():
         dash_fn.DashConfig(preconditioner=EC, solver="ndb")
     with pytest.raises(ValueError, match="no grafting"):
         dash_fn.DashConfig(preconditioner=EC, grafting="spectral")
-    with pytest.raises(ValueError, match="eps_rel and root_order"):
-        dash_fn.DashConfig(preconditioner=EC, root_order=2)
     with pytest.raises(ValueError, match="solver 'qr' computes eigenbases"):
         dash_fn.DashConfig(solver="qr")
     with pytest.raises(ValueError, match="preconditioner"):

@@ -247,6 +247,9 @@ def test_the_labels_measured_before_the_defaults_changed_keep_their_config():
     assert (previous.resolved_root_order, previous.eps_rel, previous.nesterov_G) == (4, 0.0, False)
     assert dash_fn.DashConfig(**defaults_bench.PREVIOUS) == previous  # the cost bench's previous defaults
     assert label_config("dash-defaults") == dash_fn.DashConfig() != previous
+    for label, (name, extra) in scaling.OPTIMIZERS.items():  # every label measured before the change
+        if name.startswith("dash") and not label.startswith(("dash-defaults", "dash-combo", "dash-ec")):
+            assert extra[extra.index("--dash") + 1 :][:3] == scaling.PREVIOUS, label
     options = {"dash-floor": "eps_rel", "dash-nesterov": "nesterov_G", "dash-order3": "root_order"}
     options |= {"dash-betaG95": "beta_G", "dash-freq3": "inv_root_freq", "dash-betaLR9": "beta_LR"}
     options |= {"dash-rms": "grafting", "dash-spectral": "grafting", "dash-block512": "block_size"}

@@ -34,7 +34,7 @@ f64, f32 = torch.float64, torch.float32
 DTYPES = pytest.mark.parametrize("dtype", [f64, f32], ids=["f64", "f32"])
 
 
-def DashConfig(**fields) -> dash_fn.DashConfig:
+def floorless_config(**fields) -> dash_fn.DashConfig:
     """The config these tests give the solvers: no relative floor unless asked, so that each
     solver's own math meets its closed form (the floor's are in test_update_rules.py)."""
     return dash_fn.DashConfig(**{"eps_rel": 0.0, **fields})
@@ -75,7 +75,7 @@ def rel_err(out, ref):
 
 
 def solver_config(solver, **changes):
-    return DashConfig(solver=solver, scaling="fro" if solver == "chebyshev" else "pim", **changes)
+    return floorless_config(solver=solver, scaling="fro" if solver == "chebyshev" else "pim", **changes)
 
 
 # --- accuracy against float64 eigh ------------------------------------------------------
@@ -136,8 +136,8 @@ def test_ndb_pim_float32_condition_1e4_needs_15_steps(p):
     per iteration."""
     X = spd_stack(4, 64, 1e4, f32)
     ref = eigh_root(X, p, 1e-10)
-    assert rel_err(inverse_root(X, p, DashConfig(solver="ndb", newton_steps=15)), ref) < 1e-3
-    assert rel_err(inverse_root(X, p, DashConfig(solver="ndb")), ref) > 0.1
+    assert rel_err(inverse_root(X, p, floorless_config(solver="ndb", newton_steps=15)), ref) < 1e-3
+    assert rel_err(inverse_root(X, p, floorless_config(solver="ndb")), ref) > 0.1
 
 
 def test_scaling_table_of_the_spec():
@@ -166,9 +166,9 @@ def test_agreement_of_cn_ndb_eigh(p):
     gen = torch.Generator().manual_seed(3)
     G = torch.randn(3, 24, 40, generator=gen, dtype=f64)
     X = G @ G.mT / 40 + 0.1 * torch.eye(24, dtype=f64)
-    ref = inverse_root(X, p, DashConfig(solver="eigh"))
+    ref = inverse_root(X, p, floorless_config(solver="eigh"))
     for solver in ("cn", "ndb"):
-        out = inverse_root(X, p, DashConfig(solver=solver, newton_steps=20, cn_masking=False))
+        out = inverse_root(X, p, floorless_config(solver=solver, newton_steps=20, cn_masking=False))
         assert rel_err(out, ref) < 1e-10, solver
 
 
@@ -194,7 +194,7 @@ def test_other_orders(solver, p):
 @pytest.mark.parametrize("p", [1, 3, 6])
 def test_ndb_rejects_orders_that_are_not_powers_of_two(p):
     with pytest.raises(ValueError, match="power of two"):
-        inverse_root(torch.eye(4)[None], p, DashConfig(solver="ndb"))
+        inverse_root(torch.eye(4)[None], p, floorless_config(solver="ndb"))
 
 
 # --- closed forms ------------------------------------------------------------------------
@@ -231,7 +231,7 @@ ZERO_BLOCK_ROOTS = {  # docs/ALGORITHM.md oracles 4, 5 (eps = 0, pim: s = 2e-6, 
 def test_zero_block_closed_forms(solver, dtype):
     assert round(ZERO_BLOCK_ROOTS["ndb", 2], 2) == 40775.34 and round(ZERO_BLOCK_ROOTS["ndb", 4], 2) == 1533.40
     assert round(ZERO_BLOCK_ROOTS["cn", 2], 1) == 49939.4 and round(ZERO_BLOCK_ROOTS["cn", 4], 2) == 311.41
-    config = DashConfig(solver=solver, scaling="pim", eps=0.0, cheb_eps=1e-2)
+    config = floorless_config(solver=solver, scaling="pim", eps=0.0, cheb_eps=1e-2)
     for p in (2, 4):
         out = inverse_root(torch.zeros(2, 8, 8, dtype=dtype), p, config)
         expected = ZERO_BLOCK_ROOTS[solver, p] * torch.eye(8, dtype=dtype).expand(2, 8, 8)
@@ -248,14 +248,16 @@ def test_zero_block_is_finite(solver, scaling, eps, dtype):
     if solver == "eigh" and eps == 0:  # 0^{-1/p}: non-finite, so the refresh keeps the old root
         for p in (2, 4):
             zeros = torch.zeros(2, 8, 8, dtype=dtype)
-            config = DashConfig(solver=solver, scaling=scaling, eps=eps)
+            config = floorless_config(solver=solver, scaling=scaling, eps=eps)
             assert not torch.isfinite(inverse_root(zeros, p, config)).all()
             old = torch.eye(8, dtype=dtype).expand(2, 8, 8)
             roots, failed = refresh_roots(zeros, old, p, config, None)
             assert torch.equal(roots, old) and int(failed.sum()) == 2
         return
     for p in (2, 4):
-        out = inverse_root(torch.zeros(2, 8, 8, dtype=dtype), p, DashConfig(solver=solver, scaling=scaling, eps=eps))
+        out = inverse_root(
+            torch.zeros(2, 8, 8, dtype=dtype), p, floorless_config(solver=solver, scaling=scaling, eps=eps)
+        )
         assert torch.isfinite(out).all(), p
         assert (out.diagonal(dim1=-2, dim2=-1) > 0).all()
 
@@ -289,7 +291,7 @@ def test_extreme_magnitudes(solver, scaling, dtype):
     """Blocks times 1e20 or 1e-20 (eps = 0): finite, and out(c X) = c^{-1/p} out(X), except that
     pi/pim's absolute damping (1e-6) makes a 1e-20 block a zero block for the matmul solvers,
     which then return the zero-block constants."""
-    config = DashConfig(solver=solver, scaling=scaling, eps=0.0, cheb_eps=1e-2)
+    config = floorless_config(solver=solver, scaling=scaling, eps=0.0, cheb_eps=1e-2)
     X = spd_stack(2, 16, 10.0, dtype)
     for p in (2, 4):
         base = inverse_root(X, p, config).double()
@@ -373,7 +375,7 @@ def test_product_counts(solver, p, products):
     iterate), CN 4T - 4 / 3T - 3, Chebyshev d - 1; fro scaling adds none; masking adds none."""
     X = spd_stack(2, 8, 10.0, f32)
     for masking in (False, True):
-        config = DashConfig(solver=solver, scaling="fro", cn_masking=masking, ndb_masking=masking)
+        config = floorless_config(solver=solver, scaling="fro", cn_masking=masking, ndb_masking=masking)
         with CountProducts() as counter:
             inverse_root(X, p, config)
         assert counter.count == products
@@ -388,7 +390,7 @@ def test_masked_blocks_freeze_and_ignore_their_companions(solver):
     whatever blocks share its stack, and the trip count does not change."""
     easy = spd_stack(1, 16, 2.0)  # converges in a few iterations
     hard = spd_stack(3, 16, 1e5, seed=1)
-    config = DashConfig(solver=solver, scaling="fro", newton_steps=20, cn_masking=True, ndb_masking=True)
+    config = floorless_config(solver=solver, scaling="fro", newton_steps=20, cn_masking=True, ndb_masking=True)
     alone = inverse_root(easy, 4, config)
     mixed = inverse_root(torch.cat([hard[:1], easy, hard[1:]]), 4, config)
     assert torch.equal(mixed[1:2], alone)
@@ -448,7 +450,7 @@ def test_diverging_blocks_are_flagged_and_fall_back(solver):
     """docs/ALGORITHM.md 6's failure example, diag(100, 1) with start vector (0, 1): pi sees only the
     eigenvalue 1, s = 2, the scaled spectrum reaches 50. The block comes back NaN (the failure
     flag) and keeps its old root; the healthy block in the same stack is unaffected."""
-    config = DashConfig(solver=solver, scaling="pi", eps_power_iter=0.0)
+    config = floorless_config(solver=solver, scaling="pi", eps_power_iter=0.0)
     F = torch.stack([torch.diag(torch.tensor([100.0, 1.0])), torch.diag(torch.tensor([1.0, 0.5]))])
     start = torch.tensor([[0.0], [1.0]])
     out = inverse_root(F, 2, config, start)
@@ -464,7 +466,7 @@ def test_low_precision_divergence_is_flagged_not_returned(solver):
     unstable); the block must come back as the NaN flag, never as finite garbage (1e36 before
     the flag, which overflowed the preconditioned gradient)."""
     X = spd_stack(2, 32, 1e6, f32)
-    out = inverse_root(X, 4, DashConfig(solver=solver, newton_steps=20, matmul_dtype="bfloat16"))
+    out = inverse_root(X, 4, floorless_config(solver=solver, newton_steps=20, matmul_dtype="bfloat16"))
     ok = torch.isfinite(out).all(dim=(-2, -1))
     assert (out[ok].abs().amax() < 1e3) if ok.any() else True
     assert not ok.all()
@@ -482,7 +484,7 @@ LOW_PRECISION_BOUNDS = {"bfloat16": 5e-2, "float16": 6e-3}
 def test_low_precision_operands(solver, matmul_dtype):
     """16-bit operands, float32 accumulation and iterates: accurate to the operands' precision on
     well-conditioned blocks, float32 results, and measurably different from float32 products."""
-    config = DashConfig(solver=solver, scaling="fro", matmul_dtype=matmul_dtype)
+    config = floorless_config(solver=solver, scaling="fro", matmul_dtype=matmul_dtype)
     for cond in (1e1, 1e2):
         X = spd_stack(4, 32, cond, f32)
         out = inverse_root(X, 4, config)
@@ -497,20 +499,20 @@ def test_16_bit_products_on_cpu_warn_at_init(matmul_dtype):
     """Off CUDA, 16-bit products are emulated (rounded operands, float32 product): init says so."""
     params = {"w": torch.zeros(8, 8)}
     with pytest.warns(UserWarning, match=rf"matmul_dtype={matmul_dtype} on cpu.*no speed-up"):
-        dash_fn.init(params, DashConfig(solver="cn", matmul_dtype=matmul_dtype))
+        dash_fn.init(params, floorless_config(solver="cn", matmul_dtype=matmul_dtype))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        dash_fn.init(params, DashConfig(solver="cn"))
-        dash_fn.init(params, DashConfig(solver="auto", matmul_dtype=matmul_dtype))  # eigh on CPU
+        dash_fn.init(params, floorless_config(solver="cn"))
+        dash_fn.init(params, floorless_config(solver="auto", matmul_dtype=matmul_dtype))  # eigh on CPU
 
 
 def test_auto_picks_eigh_on_cpu_and_a_matmul_solver_on_cuda():
-    config = DashConfig(solver="auto")
+    config = floorless_config(solver="auto")
     assert resolve_solver(config, for_device(torch.device("cpu"))) == "eigh"
     assert resolve_solver(config, for_device(torch.device("cuda"))) == "cn"  # the default cube roots
     assert resolve_solver(config.replace(root_order=4), for_device(torch.device("cuda"))) == "ndb"
     X = spd_stack(2, 8, 10.0, f32)
-    assert torch.equal(inverse_root(X, 4, config), inverse_root(X, 4, DashConfig(solver="eigh")))
+    assert torch.equal(inverse_root(X, 4, config), inverse_root(X, 4, floorless_config(solver="eigh")))
 
 
 # --- Chebyshev -----------------------------------------------------------------------------
@@ -548,7 +550,7 @@ def test_chebyshev_is_the_relatively_shifted_root(p):
     gen = torch.Generator().manual_seed(2)
     G = torch.randn(4, 32, 16, generator=gen, dtype=f64)
     X = G @ G.mT / 16 + 0.1 * torch.eye(32, dtype=f64)
-    config = DashConfig(solver="chebyshev", scaling="fro", cheb_eps=1e-2)
+    config = floorless_config(solver="chebyshev", scaling="fro", cheb_eps=1e-2)
     assert rel_err(inverse_root(X, p, config), oracle(X, p, config)) < (4e-7 if p == 4 else 2e-6)
 
 
@@ -556,7 +558,7 @@ def test_chebyshev_is_the_relatively_shifted_root(p):
 
 
 def _compiled_matches_eager(solver, backend, **changes):
-    config = DashConfig(solver=solver, **changes)
+    config = floorless_config(solver=solver, **changes)
     X = spd_stack(3, 16, 1e2, f32)
     V0 = start_vectors(16, config)
     fn = lambda X, V0: SOLVERS[solver](X, 4, config, V0)
@@ -588,7 +590,7 @@ def test_compiles_with_inductor(solver):
 def test_refresh_inside_torch_cond_compiles(solver):
     """The step refreshes roots inside torch.cond: both branches must trace and return equal
     strides."""
-    config = DashConfig(solver=solver, newton_steps=3, cheb_degree=6)
+    config = floorless_config(solver=solver, newton_steps=3, cheb_degree=6)
     F = spd_stack(2, 8, 10.0, f32)
     old = torch.eye(8).expand(2, 8, 8).clone()
     V0 = start_vectors(8, config)
@@ -608,7 +610,7 @@ def test_refresh_inside_torch_cond_compiles(solver):
 def test_deterministic_batch_invariant_and_rng_free(solver, scaling):
     """Oracles 19, 22: bitwise repeatable, a block's bits do not depend on the stack length, and
     the global RNG is untouched."""
-    config = DashConfig(solver=solver, scaling=scaling, ndb_masking=True)
+    config = floorless_config(solver=solver, scaling=scaling, ndb_masking=True)
     X = spd_stack(6, 16, 1e3, f32)
     rng = torch.get_rng_state()
     out = inverse_root(X, 4, config)
@@ -623,7 +625,7 @@ def test_a_block_gets_the_same_bits_at_any_position_and_thread_count(solver, b, 
     """Oracle 19 for the distributed split: a block's root does not depend on where it sits
     in the stack (odd sizes, whose blocks land at every alignment), on torch's threads (eigh
     splits the stack over them) or on how many blocks a thread solves at once."""
-    config = DashConfig(solver=solver, cheb_degree=12)
+    config = floorless_config(solver=solver, cheb_degree=12)
     X = spd_stack(20, b, 1e3, f32)
     whole = inverse_root(X, 4, config)
     for start in range(1, 17):
@@ -647,7 +649,7 @@ def test_steps_with_the_cpu_eigh_op_set_no_thread_count(monkeypatch):
     torch.set_num_threads(2)
     try:
         params = {"w": torch.randn(48, 32, generator=torch.Generator().manual_seed(0))}
-        config = DashConfig(block_size=16, solver="eigh", refresh_schedule="periodic")
+        config = floorless_config(block_size=16, solver="eigh", refresh_schedule="periodic")
         state = dash_fn.init(params, config)
         assert eigh_cpu._pool is not None and eigh_cpu._pool.submit(torch.get_num_threads).result() == 1
 
@@ -688,7 +690,7 @@ def test_step_runs_without_nan(solver, scaling, matmul_dtype):
     of random gradients leave finite params and state (16-bit NDB/bf16 CN fall back on their
     ill-conditioned blocks, counted, never NaN); zero gradients at eps in {0, 1e-10} give an
     exactly zero update (oracle 15)."""
-    config = DashConfig(
+    config = floorless_config(
         solver=solver, scaling=scaling, matmul_dtype=matmul_dtype, block_size=32, refresh_schedule="periodic"
     )  # every root refreshed on both steps
     params = mixed_params()

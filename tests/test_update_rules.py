@@ -123,14 +123,14 @@ def test_newton_relative_damping_uses_the_power_iterations_estimate(solver):
 def test_options_the_solver_cannot_serve_are_refused():
     with pytest.raises(ValueError, match="power-of-two order"):
         dash_fn.DashConfig(solver="ndb", root_order=3)
-    # Chebyshev's own shift cheb_eps s floors the spectrum up to cheb_eps: the default floor fits
-    assert dash_fn.DashConfig(solver="chebyshev").eps_rel <= dash_fn.DashConfig().cheb_eps
+    # Chebyshev's own shift cheb_eps s floors the spectrum up to cheb_eps, the boundary included
+    for eps_rel in (0.0, 1e-5, 1e-3):
+        dash_fn.DashConfig(solver="chebyshev", eps_rel=eps_rel, cheb_eps=1e-3)
     with pytest.raises(ValueError, match="cheb_eps"):
-        dash_fn.DashConfig(solver="chebyshev", eps_rel=2e-3)
-    dash_fn.DashConfig(preconditioner="eigenvalue_corrected")  # the root options at their defaults
-    for changed in ({"root_order": 4}, {"eps_rel": 0.0}):
-        with pytest.raises(ValueError, match="do not apply"):
-            dash_fn.DashConfig(preconditioner="eigenvalue_corrected", **changed)
+        dash_fn.DashConfig(solver="chebyshev", eps_rel=2e-3, cheb_eps=1e-3)
+    # the eigenvalue-corrected mode computes no roots: the root options do not apply either way
+    for changed in ({}, {"root_order": 4, "eps_rel": 0.0}):
+        dash_fn.DashConfig(preconditioner="eigenvalue_corrected", **changed)
     with pytest.raises(ValueError, match="eps_rel"):
         dash_fn.DashConfig(eps_rel=1.0)
     with pytest.raises(ValueError, match="graft_rms"):

@@ -21,6 +21,7 @@ periodic refresh step it still refreshes the roots, from the factors it left unc
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import types
 import warnings
@@ -40,6 +41,9 @@ from .schedule import is_refresh_step
 from .state import init
 from .step import step as functional_step
 from .strategy import for_device
+
+# the logger of the compile notice: getLogger("dash_fn").setLevel(logging.ERROR) silences it
+_log = logging.getLogger(__name__)
 
 # what a param group may hold: torch.optim's keys, the lr, the DashConfig fields, batch dims
 GROUP_KEYS = ("params", "param_names", "lr", "batch_dims", *CONFIG_FIELDS)
@@ -217,6 +221,12 @@ class DASH(torch.optim.Optimizer):
         """The compiled step that refreshes the roots (True) or does not (False), or the
         staggered schedule's one step (None), for one param group (``group`` names it)."""
         if (refresh, group) not in self._compiled_steps:
+            if not self._compiled_steps:  # said once per optimizer: its first step compiles
+                _log.warning(
+                    "DASH(compile=...): the first step compiles the optimizer step (torch.compile, "
+                    "fullgraph=True), which can take a minute on a cold cache; later steps reuse it. "
+                    "Silence this with logging.getLogger('dash_fn').setLevel(logging.ERROR)."
+                )
             # dynamic=False: Dynamo caches graphs per function, so a second optimizer (another
             # model) would otherwise turn the plan's ints symbolic, which the step cannot trace
             options = {"dynamic": False, **({} if isinstance(self._compile, bool) else self._compile)}

@@ -1,5 +1,6 @@
 """dash_fn.DASH, the torch.optim adapter: it equals the functional step bitwise, per group."""
 
+import logging
 import math
 import re
 import warnings
@@ -261,6 +262,35 @@ def test_two_compiled_optimizers_on_different_models_in_one_process():
             eager.step()
         for p, q in zip(params.values(), eager.param_groups[0]["params"]):
             torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_a_compiled_optimizer_says_once_that_it_compiles():
+    """The first compiled step logs one warning on the "dash_fn" logger (users silence it
+    there); the graphs compiled after it (another group, the periodic refresh step) say nothing."""
+    params = {k: torch.nn.Parameter(v) for k, v in mixed_params(shapes={"w": (12, 10), "b": (10,)}).items()}
+    groups = [{"params": [params["w"]]}, {"params": [params["b"]], "weight_decay": 0.1}]
+    opt = dash_fn.DASH(
+        groups,
+        lr=0.01,
+        compile={"backend": "aot_eager"},
+        block_size=16,
+        solver="eigh",
+        refresh_schedule="periodic",
+        inv_root_freq=2,
+    )
+    notices: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = notices.append
+    logging.getLogger("dash_fn").addHandler(handler)
+    try:
+        for t in range(1, 4):  # steps 1 and 2 refresh, 3 does not: two graphs per group
+            set_grads(params, random_grads(params, t))
+            opt.step()
+    finally:
+        logging.getLogger("dash_fn").removeHandler(handler)
+    assert len(opt._compiled_steps) == 4, opt._compiled_steps.keys()
+    assert [r.levelno for r in notices] == [logging.WARNING], [r.getMessage() for r in notices]
+    assert "compiles the optimizer step" in notices[0].getMessage()
 
 
 def test_changed_hyper_parameter_applies_and_layout_change_is_refused():

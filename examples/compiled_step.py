@@ -10,7 +10,7 @@ graphs, a plain step and a refresh step, with no data-dependent control flow, so
 step runs under CUDA graphs (``mode="reduce-overhead"``). ``--deterministic`` (the
 default) turns on ``torch.use_deterministic_algorithms``: without it Inductor's CPU code sums the
 embedding gradient with atomic adds from several threads, and runs differ in the last bits
-(benchmarks/RESULTS.md, issue 13).
+(benchmarks/RESULTS.md, "Reproducibility").
 """
 
 from __future__ import annotations

@@ -509,7 +509,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=True,
         help="torch.use_deterministic_algorithms: without it Inductor's CPU code sums the embedding gradient with "
         "atomic adds from several OpenMP threads, in an order that changes from run to run (no measurable cost "
-        "on CPU: benchmarks/RESULTS.md, issue 13)",
+        "on CPU: benchmarks/RESULTS.md, section Reproducibility)",
     )
     parser.add_argument(
         "--eps",

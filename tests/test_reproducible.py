@@ -4,7 +4,7 @@ The training tests run the same training twice, in two fresh processes with 2 Op
 (the race of issue 13, atomic adds in Inductor's embedding backward, needs more than one), and
 compare every logged loss and every final parameter bitwise. The Inductor test runs its first
 process on an empty compile cache and the second on the cache the first filled, so that a cold
-compile and a cache hit are compared too. benchmarks/RESULTS.md, "Reproducibility (issue 13)".
+compile and a cache hit are compared too. benchmarks/RESULTS.md, "Reproducibility".
 """
 
 from __future__ import annotations

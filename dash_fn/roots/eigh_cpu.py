@@ -11,7 +11,8 @@ runs in the same thread, on eigenvectors still in its cache, and writes its part
 (no concatenation). Each block's result does not depend on the split (its alignment is fixed,
 see :func:`pad_aligned`). Each of these threads runs torch (and MKL) with one thread of its
 own: with more, each would start its own team of threads and the refresh would oversubscribe
-the cores (benchmarks/RESULTS.md, "One algorithm, one switch").
+the cores (benchmarks/RESULTS.md, "One algorithm, one switch: the refactor's shape, bits and
+speed").
 """
 
 from __future__ import annotations

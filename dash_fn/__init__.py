@@ -3,7 +3,7 @@
 state = dash_fn.init(params, dash_fn.DashConfig(...))
 params, state = dash_fn.step(params, grads, state, lr=lr)
 
-What a user trains with is here; utilities around training are in :mod:`dash_fn.utils`.
+What a user trains with is here; utilities around training are in ``dash_fn.utils``.
 """
 
 from . import utils

@@ -157,19 +157,40 @@ def load_param_entries(
 def state_to_dict(state: TensorDict) -> dict:
     """The state as ``{"config": fields, "state": entries}`` (the module doc), ready for
     ``torch.distributed.checkpoint.save`` (every rank calls it). Its tensors are the live
-    state's: save it before the next ``step``. :func:`state_from_dict` is the way back, at
-    any world size."""
+    state's: save it before the next ``step``. ``state_from_dict`` is the way back, at
+    any world size.
+
+    Args:
+        state: the state to save.
+
+    Returns:
+        ``{"config": fields, "state": entries}``: primitives and tensors only.
+
+    Raises:
+        TypeError: ``state`` is not a DASH state.
+    """
     _check_state(state, "state_to_dict")
     return {"config": dataclasses.asdict(state["config"]), "state": param_entries(state)}
 
 
 def state_from_dict(state: TensorDict, saved: Mapping) -> TensorDict:
-    """The state of a :func:`state_to_dict` dict, laid out like ``state`` (a fresh ``init`` on
+    """The state of a ``state_to_dict`` dict, laid out like ``state`` (a fresh ``init`` on
     this rank: its world size may differ from the one that saved). ``state`` is not modified.
 
     Typical use: ``sd = dash_fn.state_to_dict(state); dcp.load(sd, checkpoint_id=path);
     state = dash_fn.state_from_dict(state, sd)``. A saved config that differs from the
     state's in any field raises ``ValueError`` naming the field, before anything is read.
+
+    Args:
+        state: a state made by ``init`` on this rank, with the config the checkpoint was saved with.
+        saved: a dict of ``state_to_dict``'s form, filled by ``torch.distributed.checkpoint.load``.
+
+    Returns:
+        A new state laid out like ``state``, holding the saved values.
+
+    Raises:
+        TypeError: ``state`` is not a DASH state.
+        ValueError: the saved config, a parameter or a block differs from ``state``'s.
     """
     _check_state(state, "state_from_dict")
     if not isinstance(saved, Mapping) or not isinstance(saved.get("config"), Mapping) or "state" not in saved:
@@ -188,7 +209,14 @@ def save_state(path, state: TensorDict) -> None:
     checksum. A named file is written to a temporary name beside it and then renamed, so a
     crash mid-write never leaves a truncated checkpoint under ``path``. A rank's share of a
     distributed state is one file per rank (each rank saves its own); under FSDP2, and to move
-    between world sizes, use :func:`state_to_dict` with ``torch.distributed.checkpoint``.
+    between world sizes, use ``state_to_dict`` with ``torch.distributed.checkpoint``.
+
+    Args:
+        path: a file name (``str`` or ``os.PathLike``) or a binary file object.
+        state: the state to save.
+
+    Raises:
+        TypeError: ``state`` is not a DASH state, or it is an FSDP2 state.
     """
     _check_state(state, "save_state")
     shard = state["shard"]
@@ -213,7 +241,12 @@ def atomic_save(obj, path) -> None:
     moment leaves either the previous file or the new one. A killed writer may leave its
     temporary ``<path>.tmp-<pid>`` behind, never a partial ``path``. Use it for the adapter's
     checkpoints too: ``dash_fn.utils.atomic_save({"model": ..., "opt": opt.state_dict()}, path)``.
-    ``path`` may also be a binary file object, written as it is."""
+    ``path`` may also be a binary file object, written as it is.
+
+    Args:
+        obj: anything ``torch.save`` takes.
+        path: a file name, or a binary file object.
+    """
     if not isinstance(path, (str, os.PathLike)):
         torch.save(obj, path)
         return
@@ -230,7 +263,7 @@ def atomic_save(obj, path) -> None:
 
 
 def load_state(path, *, params=None, config: DashConfig | None = None, device=None, process_group=None) -> TensorDict:
-    """Read a state written by :func:`save_state` (``torch.load(weights_only=True)``).
+    """Read a state written by ``save_state`` (``torch.load(weights_only=True)``).
 
     A rank's share of a distributed state loads with ``process_group`` of the same size, on
     the rank that saved it (each rank saves and loads its own file).
@@ -240,6 +273,20 @@ def load_state(path, *, params=None, config: DashConfig | None = None, device=No
     field raises ``ValueError`` naming the first one. The state goes to ``device``, by default
     the device of ``params``, else the CPU. A truncated or corrupted file, another format or
     version raise ``ValueError`` too; nothing is returned then.
+
+    Args:
+        path: a file name or a binary file object written by ``save_state``.
+        params: the parameters the state will step, checked against the checkpoint; optional.
+        config: the config the state must have; optional.
+        device: where the state's tensors go (default: the device of ``params``, else the CPU).
+        process_group: the group of a distributed state, of the size it was saved at.
+
+    Returns:
+        The state, as ``init`` would lay it out, with the saved values.
+
+    Raises:
+        ValueError: the file is truncated, corrupted or of another format or version, or
+            ``params``, ``config`` or the world size differ from the checkpoint's.
     """
     where = f"checkpoint {os.fspath(path)!r}" if isinstance(path, (str, os.PathLike)) else "checkpoint"
     expected = None

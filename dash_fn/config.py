@@ -35,130 +35,134 @@ class DashConfig:
     symbols. Section numbers below refer to that document.
 
     Blocking:
-        ``block_size`` = 256, int >= 1: blocks are at most B x B, vector segments at most B
-            long (2.2, 2.3). Fixes the state's layout. (The paper uses 1024: docs/ALGORITHM.md
-            9, "Defaults against the reference and the paper", says why 256 is the default.)
+        - ``block_size`` = 256, int >= 1: blocks are at most B x B, vector segments at most B
+          long (2.2, 2.3). Fixes the state's layout. (The paper uses 1024: docs/ALGORITHM.md
+          9, "Defaults against the reference and the paper", says why 256 is the default.)
 
     Preconditioner:
-        ``preconditioner`` = "shampoo": "shampoo" (each block's gradient EMA multiplied by its
-            factors' inverse roots, grafted onto Adam's norm) or "eigenvalue_corrected" (Adam run
-            in the eigenbasis of each block's factors, SOAP's form, no grafting: 4 k). In the
-            second, ``solver`` computes the eigenbases ("eigh", "qr" or "auto"), the grafting
-            moment (``beta_graft``, ``eps_graft``, "adam" or "adagrad") is Adam's second moment
-            in the eigenbasis; ``eps_rel`` and ``root_order`` do not apply (it computes no
-            roots) and the fixed-norm graftings are refused.
-        ``qr_steps`` = 1, int >= 1: orthogonal iterations ``Q <- qr(F Q)`` per refresh of the
-            "qr" basis solver, warm-started from the block's previous basis (5.7).
+        - ``preconditioner`` = "shampoo": "shampoo" (each block's gradient EMA multiplied by its
+          factors' inverse roots, grafted onto Adam's norm) or "eigenvalue_corrected" (Adam run
+          in the eigenbasis of each block's factors, SOAP's form, no grafting: 4 k). In the
+          second, ``solver`` computes the eigenbases ("eigh", "qr" or "auto"), the grafting
+          moment (``beta_graft``, ``eps_graft``, "adam" or "adagrad") is Adam's second moment
+          in the eigenbasis; ``eps_rel`` and ``root_order`` do not apply (it computes no
+          roots) and the fixed-norm graftings are refused.
+        - ``qr_steps`` = 1, int >= 1: orthogonal iterations ``Q <- qr(F Q)`` per refresh of the
+          "qr" basis solver, warm-started from the block's previous basis (5.7).
 
     Roots and solvers:
-        ``solver`` = "auto": "eigh", "cn" (coupled Newton), "ndb" (Newton-Denman-Beavers),
-            "chebyshev", or "auto" (eigh on the CPU; on other devices cn, or ndb where
-            the root order is a power of two) (5). Under
-            ``preconditioner="eigenvalue_corrected"``: "eigh", "qr" or "auto" (eigh on the
-            CPU, qr on other devices: eigh syncs there, 5.7).
-        ``newton_steps`` = 10, int >= 1: iterations of CN and of each NDB call.
-        ``inv_root_freq`` = 10, int >= 1: roots refreshed at step start_prec_step and every
-            inv_root_freq-th step after it (4 d).
-        ``refresh_schedule`` = "staggered": "staggered" refreshes 1/inv_root_freq of every
-            factor stack on every step (each root as stale at most, every step the same
-            program: one graph), "periodic" every root at those steps (a refresh step costs
-            several plain ones; two programs picked on the host). The same math eager or
-            compiled, on every device (4 d, :mod:`dash_fn.schedule`).
-        ``start_prec_step`` = 1, int >= 1 or math.inf: steps before it are Adam; math.inf
-            never preconditions.
-        ``eps`` = 1e-10, >= 0: eigh, CN and NDB invert ``X + eps I``.
-        ``eigh_heuristic`` = "shampoo": "shampoo", "abs", "abs_add" or "relu", eigh's map
-            from eigenvalues to the inverted spectrum (5.1).
-        ``eps_rel`` = 1e-5, in [0, 1): a floor relative to each factor's spectrum (5.6). eigh
-            takes a pseudo-inverse root: eigenvalues at or below ``eps_rel * lambda_max`` map to
-            0 (as a thin block's diagonal factor); CN and NDB invert ``X + eps I + eps_rel
-            lambda_hat I``, lambda_hat the scale's own estimate of lambda_max. Chebyshev's own
-            relative shift (``cheb_eps``) floors its roots' spectrum at least as high where
-            eps_rel <= cheb_eps (a larger eps_rel is refused); a thin block's diagonal side takes
-            the floor under every solver. 0 turns the floor off (the paper's).
-        ``root_order`` = None, None or int >= 1: p of a matrix block's roots, each side
-            preconditioned by ``X^{-1/p}`` (a thin block's diagonal side too); one-sided vector
-            segments keep p = 2. None is 3, except under ``solver="ndb"``, which composes square
-            roots and so takes powers of two only: 4 there, Shampoo's and the paper's
-            (``resolved_root_order`` gives p). eigh, CN and Chebyshev take any p (5.6).
-        ``cn_tol`` = 1e-6, > 0, and ``cn_masking`` = True: a CN block stops changing once
-            max|M - I| < cn_tol (fixed trip count, no host sync).
-        ``ndb_tol`` = 1e-6, > 0, and ``ndb_masking`` = False: the same for NDB, on max|ZY - I|.
-        ``cheb_degree`` = 60, int >= 2, and ``cheb_eps`` = 1e-3, > 0: Chebyshev degree d
-            (d - 1 products) and relative shift delta: the root of ``X + delta s I`` (5.4).
-        ``matmul_dtype`` = "float32": "float32", "bfloat16" or "float16", the rounding of
-            the matmul solvers' operands; accumulation stays in the state dtype (5.5).
+        - ``solver`` = "auto": "eigh", "cn" (coupled Newton), "ndb" (Newton-Denman-Beavers),
+          "chebyshev", or "auto" (eigh on the CPU; on other devices cn, or ndb where
+          the root order is a power of two) (5). Under
+          ``preconditioner="eigenvalue_corrected"``: "eigh", "qr" or "auto" (eigh on the
+          CPU, qr on other devices: eigh syncs there, 5.7).
+        - ``newton_steps`` = 10, int >= 1: iterations of CN and of each NDB call.
+        - ``inv_root_freq`` = 10, int >= 1: roots refreshed at step start_prec_step and every
+          inv_root_freq-th step after it (4 d).
+        - ``refresh_schedule`` = "staggered": "staggered" refreshes 1/inv_root_freq of every
+          factor stack on every step (each root as stale at most, every step the same
+          program: one graph), "periodic" every root at those steps (a refresh step costs
+          several plain ones; two programs picked on the host). The same math eager or
+          compiled, on every device (4 d, ``dash_fn.schedule``).
+        - ``start_prec_step`` = 1, int >= 1 or math.inf: steps before it are Adam; math.inf
+          never preconditions.
+        - ``eps`` = 1e-10, >= 0: eigh, CN and NDB invert ``X + eps I``.
+        - ``eigh_heuristic`` = "shampoo": "shampoo", "abs", "abs_add" or "relu", eigh's map
+          from eigenvalues to the inverted spectrum (5.1).
+        - ``eps_rel`` = 1e-5, in [0, 1): a floor relative to each factor's spectrum (5.6). eigh
+          takes a pseudo-inverse root: eigenvalues at or below ``eps_rel * lambda_max`` map to
+          0 (as a thin block's diagonal factor); CN and NDB invert ``X + eps I + eps_rel
+          lambda_hat I``, lambda_hat the scale's own estimate of lambda_max. Chebyshev's own
+          relative shift (``cheb_eps``) floors its roots' spectrum at least as high where
+          eps_rel <= cheb_eps (a larger eps_rel is refused); a thin block's diagonal side takes
+          the floor under every solver. 0 turns the floor off (the paper's).
+        - ``root_order`` = None, None or int >= 1: p of a matrix block's roots, each side
+          preconditioned by ``X^{-1/p}`` (a thin block's diagonal side too); one-sided vector
+          segments keep p = 2. None is 3, except under ``solver="ndb"``, which composes square
+          roots and so takes powers of two only: 4 there, Shampoo's and the paper's
+          (``resolved_root_order`` gives p). eigh, CN and Chebyshev take any p (5.6).
+        - ``cn_tol`` = 1e-6, > 0, and ``cn_masking`` = True: a CN block stops changing once
+          max|M - I| < cn_tol (fixed trip count, no host sync).
+        - ``ndb_tol`` = 1e-6, > 0, and ``ndb_masking`` = False: the same for NDB, on max|ZY - I|.
+        - ``cheb_degree`` = 60, int >= 2, and ``cheb_eps`` = 1e-3, > 0: Chebyshev degree d
+          (d - 1 products) and relative shift delta: the root of ``X + delta s I`` (5.4).
+        - ``matmul_dtype`` = "float32": "float32", "bfloat16" or "float16", the rounding of
+          the matmul solvers' operands; accumulation stays in the state dtype (5.5).
 
-    Scaling (matmul solvers only; eigh needs none):
-        ``scaling`` = "pim": "fro" (s = ||X||_F), "pi" (power iteration) or "pim" (power
-            iteration from several start vectors, largest estimate) (6).
-        ``scaling_const`` = 2.0, > 0: s = scaling_const * lambda_hat under pi and pim.
-        ``pi_steps`` = 10, int >= 1: power iterations.
-        ``pim_vectors`` = 16, int >= 1: start vectors of pim.
-        ``eps_power_iter`` = 1e-6, >= 0: damping, iterate on ``X + eps_power_iter I``.
-        ``scaling_dtype`` = "float32": "float32" or "float64"; scales are computed in the
-            wider of this and the state dtype.
-        ``scaling_seed`` = 0, int >= 0: seed of the deterministic start vectors.
+    Scaling:
+        For the matmul solvers only; eigh needs none.
+
+        - ``scaling`` = "pim": "fro" (s = ||X||_F), "pi" (power iteration) or "pim" (power
+          iteration from several start vectors, largest estimate) (6).
+        - ``scaling_const`` = 2.0, > 0: s = scaling_const * lambda_hat under pi and pim.
+        - ``pi_steps`` = 10, int >= 1: power iterations.
+        - ``pim_vectors`` = 16, int >= 1: start vectors of pim.
+        - ``eps_power_iter`` = 1e-6, >= 0: damping, iterate on ``X + eps_power_iter I``.
+        - ``scaling_dtype`` = "float32": "float32" or "float64"; scales are computed in the
+          wider of this and the state dtype.
+        - ``scaling_seed`` = 0, int >= 0: seed of the deterministic start vectors.
 
     Moments and grafting:
-        ``beta_G`` = 0.9, in [0, 1): gradient EMA; 0 uses the raw gradient (and keeps no EMA).
-        ``beta_LR`` = 0.95, in [0, 1]: factor EMA; 1 sums the factors (AdaGrad-style).
-        ``beta_graft`` = 0.95, in [0, 1): second-moment EMA of Adam grafting.
-        ``grafting`` = "adam": each block's direction takes the norm of the Adam direction
-            with an EMA ("adam") or a sum ("adagrad") as second moment; or a fixed norm: a
-            per-entry RMS ``graft_rms`` ("rms"), or the spectral norm ``graft_rms
-            sqrt(max(rows, cols))`` ("spectral"), Muon's ``match_rms_adamw`` norm for a
-            whole matrix (4 f; the moment is then kept as under "adam", for the direction
-            before a block's first root and for thin blocks' diagonals).
-        ``graft_rms`` = 0.2, > 0: the per-entry RMS that sets the fixed norms.
-        ``eps_graft`` = 1e-8, > 0: eps of the Adam direction whose norm is grafted.
-        ``nesterov_G`` = True: precondition Nesterov's look-ahead of the gradient EMA,
-            ``beta_G * Gt_hat + (1 - beta_G) G`` (Gt_hat bias-corrected), instead of the EMA
-            itself (4 e; Muon's momentum form; False: the EMA, the paper's). With beta_G = 0
-            there is no EMA to look ahead of, and the gradient is preconditioned either way.
-        ``bias_correction`` = True: bias-correct the gradient EMA and the grafting moment.
-        ``mu`` = 0.0, in [0, 1): momentum on the grafted directions (0: none, no state).
-        ``nesterov`` = True: Nesterov form of that momentum.
+        - ``beta_G`` = 0.9, in [0, 1): gradient EMA; 0 uses the raw gradient (and keeps no EMA).
+        - ``beta_LR`` = 0.95, in [0, 1]: factor EMA; 1 sums the factors (AdaGrad-style).
+        - ``beta_graft`` = 0.95, in [0, 1): second-moment EMA of Adam grafting.
+        - ``grafting`` = "adam": each block's direction takes the norm of the Adam direction
+          with an EMA ("adam") or a sum ("adagrad") as second moment; or a fixed norm: a
+          per-entry RMS ``graft_rms`` ("rms"), or the spectral norm ``graft_rms
+          sqrt(max(rows, cols))`` ("spectral"), Muon's ``match_rms_adamw`` norm for a
+          whole matrix (4 f; the moment is then kept as under "adam", for the direction
+          before a block's first root and for thin blocks' diagonals).
+        - ``graft_rms`` = 0.2, > 0: the per-entry RMS that sets the fixed norms.
+        - ``eps_graft`` = 1e-8, > 0: eps of the Adam direction whose norm is grafted.
+        - ``nesterov_G`` = True: precondition Nesterov's look-ahead of the gradient EMA,
+          ``beta_G * Gt_hat + (1 - beta_G) G`` (Gt_hat bias-corrected), instead of the EMA
+          itself (4 e; Muon's momentum form; False: the EMA, the paper's). With beta_G = 0
+          there is no EMA to look ahead of, and the gradient is preconditioned either way.
+        - ``bias_correction`` = True: bias-correct the gradient EMA and the grafting moment.
+        - ``mu`` = 0.0, in [0, 1): momentum on the grafted directions (0: none, no state).
+        - ``nesterov`` = True: Nesterov form of that momentum.
 
     Decay:
-        ``weight_decay`` = 0.0, >= 0: decoupled weight decay (as torch.optim.AdamW) of
-            matrices, and of vectors while weight_decay_1d is None.
-        ``weight_decay_1d`` = None, None or >= 0: decoupled decay of vectors; None follows
-            weight_decay (see ``vector_decay``), 0.0 leaves biases and norms undecayed.
+        - ``weight_decay`` = 0.0, >= 0: decoupled weight decay (as torch.optim.AdamW) of
+          matrices, and of vectors while weight_decay_1d is None.
+        - ``weight_decay_1d`` = None, None or >= 0: decoupled decay of vectors; None follows
+          weight_decay (see ``vector_decay``), 0.0 leaves biases and norms undecayed.
 
     Thin blocks:
-        ``thin_ratio`` = 4.0, > 1 or math.inf: a block whose long side is at least this many
-            times its short side (an embedding's or a thin projection's, at the block size)
-            keeps a full factor on its short side only; its long side is preconditioned by a
-            diagonal factor read from the grafting moment, at no extra state (2.5, which gives
-            the state per parameter). math.inf keeps every block two-sided. Fixes the state's
-            layout.
+        - ``thin_ratio`` = 4.0, > 1 or math.inf: a block whose long side is at least this many
+          times its short side (an embedding's or a thin projection's, at the block size)
+          keeps a full factor on its short side only; its long side is preconditioned by a
+          diagonal factor read from the grafting moment, at no extra state (2.5, which gives
+          the state per parameter). math.inf keeps every block two-sided. Fixes the state's
+          layout.
 
     Vectors:
-        ``one_dim`` = "adamw": vectors by "adamw" (elementwise) or "shampoo" (one-sided
-            Shampoo segments of block_size). Fixes the state's layout.
-        ``adamw_beta1`` = 0.9 and ``adamw_beta2`` = 0.95, in [0, 1), and ``adamw_eps`` =
-            1e-8, > 0: AdamW's betas and eps for vectors.
+        - ``one_dim`` = "adamw": vectors by "adamw" (elementwise) or "shampoo" (one-sided
+          Shampoo segments of block_size). Fixes the state's layout.
+        - ``adamw_beta1`` = 0.9 and ``adamw_beta2`` = 0.95, in [0, 1), and ``adamw_eps`` =
+          1e-8, > 0: AdamW's betas and eps for vectors.
 
-    Storage (3.5; None keeps the state dtype, float32 for float32 parameters):
-        ``factor_dtype``, ``root_dtype``, ``grad_ema_dtype``, ``graft_dtype`` = None: None,
-            "float32", "bfloat16" or "float16", the dtype in which the factors ``F``, the
-            inverse roots ``Fbar``, the gradient EMA ``Gt`` and the grafting moment ``A`` are
-            kept. Computed in the state dtype, rounded once when written: "bfloat16" roots and
-            gradient EMA halve those kinds (docs/ALGORITHM.md 3.5 says which tolerate it).
-            Fixes the state's layout.
+    Storage:
+        None keeps the state dtype, float32 for float32 parameters (3.5).
+
+        - ``factor_dtype``, ``root_dtype``, ``grad_ema_dtype``, ``graft_dtype`` = None: None,
+          "float32", "bfloat16" or "float16", the dtype in which the factors ``F``, the
+          inverse roots ``Fbar``, the gradient EMA ``Gt`` and the grafting moment ``A`` are
+          kept. Computed in the state dtype, rounded once when written: "bfloat16" roots and
+          gradient EMA halve those kinds (docs/ALGORITHM.md 3.5 says which tolerate it).
+          Fixes the state's layout.
 
     Distributed:
-        ``comm_dtype`` = None: None (directions travel in the state dtype, exactly) or
-            "bfloat16" (half the traffic, rounded alike on every rank) (8.3).
-        ``fsdp_blocks`` = "exact": under FSDP2, "exact" cuts blocks as one process does
-            (bitwise equal to it, one all-to-all each way) or "local" cuts them at shard edges
-            (no communication, results depend on the world size) (8.4).
+        - ``comm_dtype`` = None: None (directions travel in the state dtype, exactly) or
+          "bfloat16" (half the traffic, rounded alike on every rank) (8.3).
+        - ``fsdp_blocks`` = "exact": under FSDP2, "exact" cuts blocks as one process does
+          (bitwise equal to it, one all-to-all each way) or "local" cuts them at shard edges
+          (no communication, results depend on the world size) (8.4).
 
     Robustness:
-        ``skip_nonfinite`` = True: a step whose gradients hold a NaN or Inf, or whose factor
-            products overflow, changes nothing (parameters, state, step counter) and is counted
-            in ``state["skipped"]``, decided on the device (7.5); False lets it through.
+        - ``skip_nonfinite`` = True: a step whose gradients hold a NaN or Inf, or whose factor
+          products overflow, changes nothing (parameters, state, step counter) and is counted
+          in ``state["skipped"]``, decided on the device (7.5); False lets it through.
 
     The defaults' exponent, floor and look-ahead are the scaling study's: together they ended
     below tuned Muon at its three model sizes, at about the step cost of Shampoo's exponent and
@@ -268,7 +272,18 @@ class DashConfig:
         check_solver_options(self, self.solver)
 
     def replace(self, **changes) -> DashConfig:
-        """A copy with some fields changed (validated again)."""
+        """A copy with some fields changed (validated again).
+
+        Args:
+            **changes: fields and their new values.
+
+        Returns:
+            The new config.
+
+        Raises:
+            TypeError: a name that is not a field.
+            ValueError: a value outside its field's range.
+        """
         return dataclasses.replace(self, **changes)
 
     @property
@@ -287,7 +302,18 @@ class DashConfig:
     def paper(cls, **changes) -> DashConfig:
         """The DASH paper's recommended setting: blocks of 1024, NDB with power-iteration
         scaling, inverse 4th roots refreshed every step, eps 0 and no relative floor, the
-        gradient EMA itself (no look-ahead), vectors under one-sided Shampoo (then ``changes``)."""
+        gradient EMA itself (no look-ahead), vectors under one-sided Shampoo (then ``changes``).
+
+        Args:
+            **changes: fields set after the preset's.
+
+        Returns:
+            The config.
+
+        Raises:
+            TypeError: a name that is not a field.
+            ValueError: a value outside its field's range.
+        """
         return cls(
             **{
                 "block_size": 1024,
@@ -308,7 +334,18 @@ class DashConfig:
         """The defaults with roots refreshed every 3 steps instead of 10 (then ``changes``): the
         scaling study's first combination (benchmarks/RESULTS.md, "Update rules"), lower than
         the defaults at the smallest size and level with them at the larger two, for 10/3 times
-        the refresh work."""
+        the refresh work.
+
+        Args:
+            **changes: fields set after the preset's.
+
+        Returns:
+            The config.
+
+        Raises:
+            TypeError: a name that is not a field.
+            ValueError: a value outside its field's range.
+        """
         return cls(**{"inv_root_freq": 3, **changes})
 
 

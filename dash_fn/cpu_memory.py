@@ -32,8 +32,11 @@ def retain_freed_cpu_memory() -> bool:
     Sets the trim threshold to 2 GiB and the mmap threshold to 32 MiB (glibc's largest), so
     that tensors up to 32 MiB come from the heap and the heap does not shrink between steps.
     Call it once, early, in a training process on the CPU. The cost: the process's resident
-    memory stays at its peak. Returns True when the settings took effect, False where the C
-    library is not glibc (musl, macOS, Windows), where nothing is changed.
+    memory stays at its peak.
+
+    Returns:
+        True when the settings took effect; False where the C library is not glibc (musl,
+        macOS, Windows), where nothing is changed.
     """
     name = ctypes.util.find_library("c")
     if name is None:

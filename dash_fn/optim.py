@@ -54,10 +54,10 @@ class DASH(torch.optim.Optimizer):
 
     ``DASH(params, lr=1e-3, compile=False, process_group=None, **config_fields)``: ``params`` is an iterable of
     tensors or of param-group dicts, as for any ``torch.optim`` optimizer; ``config_fields``
-    are :class:`DashConfig` fields (``block_size``, ``solver``, ``weight_decay``, ...), the
+    are ``DashConfig`` fields (``block_size``, ``solver``, ``weight_decay``, ...), the
     defaults of every group, which a group dict may override (``lr`` and any field).
 
-    ``step(closure=None)`` runs :func:`dash_fn.step` once per group and writes the new values
+    ``step(closure=None)`` runs ``dash_fn.step`` once per group and writes the new values
     into the parameters. A parameter whose ``.grad`` is None is skipped: its value and every
     slice of state it owns (its blocks' ``Gt``, ``A``, ``M``, its factors, roots and fallback
     counters, its AdamW ``m``, ``v``) stay bitwise as they were. What the group shares still
@@ -71,7 +71,7 @@ class DASH(torch.optim.Optimizer):
     ``torch.compile(dash_fn.step, fullgraph=True)``, built once per optimizer, with ``lr``
     passed as a 0-d tensor, so schedulers never recompile. Each group has one graph under the
     staggered schedule (the default), or two under the periodic one, a plain step and a refresh
-    step picked on the host (``refresh=`` of :func:`dash_fn.step`), with no data-dependent
+    step picked on the host (``refresh=`` of ``dash_fn.step``), with no data-dependent
     control flow; the parameters and the state's tensors, which the step updates in place, are
     static addresses, so ``compile={"mode": "reduce-overhead"}`` captures each
     step in a CUDA graph (with a matmul solver: eigh syncs, and is refused there). (Dynamo caches
@@ -79,17 +79,31 @@ class DASH(torch.optim.Optimizer):
     gets a copy of its own, so any number of groups of different shapes compile.)
 
     ``process_group`` (a ``torch.distributed`` group, e.g. ``dist.group.WORLD`` under DDP)
-    shards every group's state across its ranks (:mod:`dash_fn.distributed`): each rank
+    shards every group's state across its ranks (``dash_fn.distributed``): each rank
     keeps and refreshes its share of the blocks and the step gathers the directions. Every
     rank must step with the same (all-reduced) gradients, as DDP provides. Parameters sharded
     by FSDP2's ``fully_shard`` (DTensors) need no process group: each rank steps the blocks
-    of its row shards (:mod:`dash_fn.distributed.fsdp`; ``fsdp_blocks`` picks exact or
+    of its row shards (``dash_fn.distributed.fsdp``; ``fsdp_blocks`` picks exact or
     shard-local blocks).
 
     ``state_dict()`` / ``load_state_dict()`` use ``torch.optim``'s layout and load with
-    ``torch.load(weights_only=True)``: see :meth:`state_dict`. With a process group each
+    ``torch.load(weights_only=True)``: see ``state_dict``. With a process group each
     rank's dict holds its share, and the dicts of W ranks load at any W' (each rank takes the
-    blocks it owns there): through ``torch.distributed.checkpoint``, see the README.
+    blocks it owns there): through ``torch.distributed.checkpoint`` (the user guide's
+    "torch.distributed, FSDP2 and DCP").
+
+    Args:
+        params: an iterable of tensors, of (name, tensor) pairs, or of param-group dicts.
+        lr: the learning rate of every group that does not set its own; a float or a tensor.
+        compile: False, True, or a dict of ``torch.compile`` keyword arguments.
+        process_group: a ``torch.distributed`` group whose ranks share the blocks (DDP), or None.
+        **config_fields: ``DashConfig`` fields, the defaults of every group.
+
+    Raises:
+        TypeError: an unknown keyword, a ``compile`` that is neither a bool nor a dict, or a
+            group that is not a dict of tensors.
+        ValueError: an invalid ``lr`` or config field, a parameter in two groups, or a
+            group's ``batch_dims`` that its parameters cannot have.
     """
 
     def __init__(
@@ -124,7 +138,16 @@ class DASH(torch.optim.Optimizer):
         """Add a group; its keys, lr, config and batch dims are checked before it is added (a
         bad one is not). Keys: ``params``, ``lr``, any DashConfig field, and ``batch_dims``
         (an int: the leading dims of each of the group's parameters that index independent
-        matrices, e.g. 1 for mixture-of-experts weights (E, m, n); see :func:`dash_fn.init`)."""
+        matrices, e.g. 1 for mixture-of-experts weights (E, m, n); see ``dash_fn.init``).
+
+        Args:
+            param_group: a dict with ``params`` and any of the keys above.
+
+        Raises:
+            TypeError: an unknown key, or ``params`` that are not tensors.
+            ValueError: an invalid ``lr``, config field or ``batch_dims``, or a parameter
+                that is already in another group.
+        """
         if not isinstance(param_group, Mapping):
             raise TypeError(f"param group must be a dict, got {type(param_group).__name__}")
         unknown = sorted(set(param_group) - set(GROUP_KEYS))
@@ -156,7 +179,18 @@ class DASH(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        """One DASH step for every group that has a gradient; returns the closure's loss."""
+        """One DASH step for every group that has a gradient.
+
+        Args:
+            closure: a callable that recomputes the loss (its gradients too), or None.
+
+        Returns:
+            The closure's loss, or None without a closure.
+
+        Raises:
+            RuntimeError: a gradient is sparse.
+            ValueError: a group's ``lr`` or config fields have become invalid.
+        """
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -211,7 +245,11 @@ class DASH(torch.optim.Optimizer):
         self.state[params[0]] = {"dash": state, "step": t + 1}
 
     def skipped_steps(self) -> list[int]:
-        """Per param group, the steps skipped because a gradient was not finite (a host read)."""
+        """Per param group, the steps skipped because a gradient was not finite (a host read).
+
+        Returns:
+            One count per group, in the order of ``param_groups`` (0 for a group not yet stepped).
+        """
         return [
             int(self.state[g["params"][0]]["dash"]["skipped"]) if self.state.get(g["params"][0]) else 0
             for g in self.param_groups
@@ -240,11 +278,14 @@ class DASH(torch.optim.Optimizer):
         ``param_groups`` holds each group's hyper-parameters (lr and the DashConfig fields) and
         its parameters' indices, as in ``torch.optim``. ``state`` maps each parameter's index
         to its share of its group's state, keyed by the global coordinates of its blocks
-        (:mod:`dash_fn.checkpoint`): the same keys at every world size, so that
+        (``dash_fn.checkpoint``): the same keys at every world size, so that
         ``torch.distributed.checkpoint`` (``get_state_dict`` / ``set_state_dict``) saves it at
         W ranks and loads it at W'. Primitives and tensors only, so
         ``torch.load(weights_only=True)`` reads it. The tensors are the live state's, as in
         ``torch.optim``: save the dict before the next step.
+
+        Returns:
+            ``{"state": {index: entry}, "param_groups": [group, ...]}``.
         """
         for pre_hook in self._optimizer_state_dict_pre_hooks.values():
             pre_hook(self)
@@ -273,7 +314,7 @@ class DASH(torch.optim.Optimizer):
         return state_dict
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Restore a :meth:`state_dict`, as ``torch.optim`` does: the saved hyper-parameters
+        """Restore a ``state_dict()``, as ``torch.optim`` does: the saved hyper-parameters
         replace the groups' (schedulers rely on it), and the states go to the parameters' device.
 
         The checkpoint must fit this optimizer: as many groups, each with as many parameters of
@@ -281,6 +322,12 @@ class DASH(torch.optim.Optimizer):
         whether ``beta_G`` and ``mu`` are zero). Everything is checked and every state built
         before anything is replaced, so an error (``ValueError`` naming the first mismatch)
         leaves the optimizer as it was. The states never share memory with ``state_dict``.
+
+        Args:
+            state_dict: a dict made by ``state_dict()`` (possibly loaded from a file).
+
+        Raises:
+            ValueError: the dict does not fit this optimizer (groups, parameters, layout).
         """
         state_dict = dict(state_dict)
         for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():

@@ -46,6 +46,13 @@ def is_refresh_step(config: DashConfig, t: int) -> bool | None:
     Periodic: ``t == s or (t > s and t % inv_root_freq == 0)`` with s = start_prec_step.
     Staggered: None (the staggered step takes no flag). A caller that counts its steps on the
     host passes every call, skipped or not (the adapter does).
+
+    Args:
+        config: the config of the state being stepped.
+        t: the number of the step about to be taken, counted from 1 on the host.
+
+    Returns:
+        True or False under the periodic schedule; None under the staggered one.
     """
     if config.refresh_schedule == "staggered":
         return None

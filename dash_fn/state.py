@@ -39,18 +39,18 @@ def init(
     and get a warning saying so, except conv kernels (every dim after the second <= 11).
 
     With a ``torch.distributed`` ``process_group`` of W ranks, the state holds only this
-    rank's share of the blocks (:mod:`dash_fn.distributed`) and :func:`dash_fn.step` gathers
+    rank's share of the blocks (``dash_fn.distributed``) and ``dash_fn.step`` gathers
     the other ranks' directions itself; every rank must call ``init`` and ``step`` with the
     same params, grads (all-reduced), config and lr.
 
     FSDP2 parameters (DTensors placed ``Shard(0)`` by ``fully_shard`` on a 1-D mesh, or
     ``(Replicate(), Shard(0))`` on a 2-D HSDP mesh) need no ``process_group``: the state holds
-    the blocks this rank owns (:mod:`dash_fn.distributed.fsdp`), and ``step`` takes and returns
+    the blocks this rank owns (``dash_fn.distributed.fsdp``), and ``step`` takes and returns
     the DTensors (or their local shards). ``config.fsdp_blocks`` picks exact blocks (as one
     process, the default) or blocks cut at shard edges (no communication; results depend on W).
 
     Layout (all tensors in the plan's dtype, on the params' device, except where the config's
-    storage dtypes narrow F, Fbar, Gt or A: :mod:`dash_fn.storage`)::
+    storage dtypes narrow F, Fbar, Gt or A: ``dash_fn.storage``):
 
         step                      int64 0-d, the number of steps taken
         skipped                   int64 0-d, steps skipped for non-finite gradients (DashConfig.skip_nonfinite)
@@ -65,6 +65,22 @@ def init(
                                   params, and this rank's share of its blocks (everything at W = 1)
 
     Matrix parameters cost 6 floats per entry at mu = 0 (factors 2, roots 2, Gt 1, A 1).
+
+    Args:
+        params: the parameters by name: a Mapping[str, Tensor] (``dict(model.named_parameters())``)
+            or a TensorDict, floating point, on one device; or FSDP2 DTensors.
+        config: the hyper-parameters; their layout fields fix the state's shapes.
+        process_group: a ``torch.distributed`` group whose ranks share the blocks (DDP), or None.
+        batch_dims: for each named parameter, how many leading dims index independent matrices.
+
+    Returns:
+        The state: a TensorDict laid out as above, on the params' device.
+
+    Raises:
+        TypeError: ``config`` is not a DashConfig, a parameter is not a floating-point tensor,
+            ``batch_dims`` is not a mapping, or DTensors come with a ``process_group``.
+        ValueError: a name appears twice, ``batch_dims`` names a missing parameter or an
+            impossible count, or an FSDP2 shard is not the even ``Shard(0)`` split.
     """
     if not isinstance(config, DashConfig):
         raise TypeError(f"init: config must be a DashConfig, got {type(config).__name__}")
@@ -132,7 +148,14 @@ def mark_static(state: TensorDict) -> TensorDict:
     skip a graph that mutates inputs whose addresses may change from call to call; Dynamo marks
     ``torch.optim`` optimizers' state static by itself, a TensorDict it cannot know about. The
     mark is unguarded: a new state (another address) re-records the CUDA graph, it does not
-    recompile. States made by ``init``, ``load_state`` and ``load_state_dict`` come marked."""
+    recompile. States made by ``init``, ``load_state`` and ``load_state_dict`` come marked.
+
+    Args:
+        state: a state made by ``init`` (or loaded).
+
+    Returns:
+        The same TensorDict, its tensors marked.
+    """
     for x in state.exclude("config", "plan", "shard").values(include_nested=True, leaves_only=True):
         torch._dynamo.mark_static_address(x, guard=False)
     return state

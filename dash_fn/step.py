@@ -35,15 +35,15 @@ def step(params, grads, state: TensorDict, *, lr, refresh: bool | None = None):
     kind of container. ``lr`` is a float or a 0-d tensor (a tensor never recompiles).
 
     ``refresh`` says whether this step recomputes the inverse roots under the periodic
-    schedule: pass :func:`is_refresh_step` of the step's number, counted on the host (two
+    schedule: pass ``is_refresh_step`` of the step's number, counted on the host (two
     compiled graphs, a plain step and a refresh step, with no data-dependent control flow: what
     CUDA graphs capture). ``refresh=None`` reads the state's step counter on the host, which
     only eager CPU calls may do (a sync elsewhere; a compiled step would break its graph):
     elsewhere it raises ValueError. A step skipped by the non-finite guard still refreshes when
-    ``refresh=True``, from the factors it left unchanged (:mod:`dash_fn.guard`). Under
+    ``refresh=True``, from the factors it left unchanged (``dash_fn.guard``). Under
     ``refresh_schedule="staggered"`` (the default) every step refreshes its slice of the roots
-    (:mod:`dash_fn.schedule`) and takes no flag: ``refresh`` must be None (as
-    :func:`is_refresh_step` returns).
+    (``dash_fn.schedule``) and takes no flag: ``refresh`` must be None (as
+    ``is_refresh_step`` returns).
 
     Buffer donation: the input params are never modified, but the state's tensors are updated
     in place and the same TensorDict is returned (like JAX's donated buffers), so memory holds
@@ -55,6 +55,23 @@ def step(params, grads, state: TensorDict, *, lr, refresh: bool | None = None):
 
     A call whose inputs do not match the state raises ValueError/TypeError naming the first
     mismatch, before anything is modified.
+
+    Args:
+        params: the current parameters by name, as given to ``init``.
+        grads: their gradients, the same names, shapes, dtypes and device.
+        state: the state from ``init`` (or from the previous step); updated in place.
+        lr: the learning rate, a float or a 0-d tensor.
+        refresh: the periodic schedule's flag (``is_refresh_step``); None under the staggered one.
+
+    Returns:
+        ``(new_params, state)``: the updated parameters, in the container kind of ``params``,
+        and the same state TensorDict.
+
+    Raises:
+        TypeError: ``params``, ``grads`` or ``state`` is not of the kinds above, or ``refresh``
+            is neither None nor a bool.
+        ValueError: a name, shape, dtype or device differs from the state's, ``lr`` is not a
+            finite number >= 0 or a 0-d floating tensor, or ``refresh`` does not fit the schedule.
     """
     if not isinstance(state, TensorDict) or "plan" not in state.keys():
         raise TypeError("step: state must be the TensorDict returned by dash_fn.init")

@@ -1,9 +1,9 @@
 """Utilities beside the optimizer: what a training script may need around it, not to train.
 
-- :func:`retain_freed_cpu_memory`: glibc keeps freed memory for reuse (CPU training).
-- :func:`atomic_save`: ``torch.save`` that a crash cannot leave half-written.
-- :func:`mark_static`: the state's tensors marked as static addresses (CUDA graphs).
-- :func:`start_vectors`: the deterministic power-iteration start vectors of a block size.
+- ``retain_freed_cpu_memory``: glibc keeps freed memory for reuse (CPU training).
+- ``atomic_save``: ``torch.save`` that a crash cannot leave half-written.
+- ``mark_static``: the state's tensors marked as static addresses (CUDA graphs).
+- ``start_vectors``: the deterministic power-iteration start vectors of a block size.
 """
 
 from .checkpoint import atomic_save

@@ -18,7 +18,9 @@ subsection labels.
 """
 
 import ast
+import builtins
 import dataclasses
+import inspect
 import math
 import re
 from pathlib import Path
@@ -104,3 +106,63 @@ def test_cited_sections_exist():
     assert cited, "no citation found: the pattern is stale"
     missing = [(n, where) for n, where in sorted(cited) if (n not in labels if "." in n else n not in headings)]
     assert not missing, missing
+
+
+def public_callables() -> dict[str, object]:
+    """What the API reference (docs/api.md) renders: ``dash_fn.__all__``, ``dash_fn.utils.__all__``,
+    and the public methods of ``DASH`` and ``DashConfig`` that those classes define."""
+    import dash_fn
+    import dash_fn.utils
+
+    objects = {f"dash_fn.{n}": getattr(dash_fn, n) for n in dash_fn.__all__ if n != "utils"}
+    objects |= {f"dash_fn.utils.{n}": getattr(dash_fn.utils, n) for n in dash_fn.utils.__all__}
+    for cls in (dash_fn.DASH, dash_fn.DashConfig):
+        for name, member in vars(cls).items():
+            member = getattr(member, "__func__", member)  # classmethods
+            if not name.startswith("_") and inspect.isfunction(member):
+                objects[f"dash_fn.{cls.__name__}.{name}"] = member
+    return objects
+
+
+def sections(doc: str) -> dict[str, list[str]]:
+    """A Google-style docstring's sections: title -> the names its entries start with."""
+    found: dict[str, list[str]] = {}
+    title = None
+    for line in doc.splitlines():
+        heading = re.fullmatch(r"(Args|Returns|Raises):", line)
+        if heading:
+            title = heading.group(1)
+            found[title] = []
+        elif title and re.match(r"^    \S", line):
+            entry = re.match(r"^    (\*{0,2}\w+)(?: \([^)]*\))?:", line)
+            found[title].append(entry.group(1) if entry else line.strip())
+        elif line and not line.startswith(" "):
+            title = None
+    return found
+
+
+PUBLIC = public_callables()
+
+
+@pytest.mark.parametrize("name", sorted(PUBLIC))
+def test_every_public_name_documents_its_arguments_returns_and_raises(name):
+    """The API reference renders these sections (mkdocstrings, Google style); ``make docs``
+    fails on an entry that names no parameter, and this fails on a parameter without one."""
+    obj = PUBLIC[name]
+    doc = inspect.getdoc(obj)
+    assert doc, f"{name} has no docstring"
+    assert not re.search(r":(?:func|mod|class|meth|attr):`", doc), f"{name}: a Sphinx role, which the site shows raw"
+    if name == "dash_fn.DashConfig":
+        return  # its fields are its arguments: test_field_is_in_the_docstring
+    found = sections(doc)
+    params = [
+        ("*" if p.kind is p.VAR_POSITIONAL else "**" if p.kind is p.VAR_KEYWORD else "") + p.name
+        for p in inspect.signature(obj).parameters.values()
+        if p.name not in ("self", "cls")
+    ]
+    assert found.get("Args", []) == params, f"{name}: Args documents {found.get('Args')}, the signature has {params}"
+    returns = inspect.signature(obj).return_annotation
+    if not inspect.isclass(obj) and returns not in (None, "None"):
+        assert found.get("Returns"), f"{name} returns a value: its docstring needs a Returns section"
+    for raised in found.get("Raises", []):
+        assert isinstance(getattr(builtins, raised, None), type), f"{name}: Raises names {raised!r}, not an exception"

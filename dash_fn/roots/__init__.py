@@ -81,6 +81,15 @@ def start_vectors(size: int, config: DashConfig, dtype: torch.dtype = torch.floa
 
     Drawn from N(0, 1) by a private generator seeded from (scaling_seed, size), in float64 on
     the CPU, so every device, rank and run gets the same vectors and the global RNG is untouched.
+
+    Args:
+        size: the block size b.
+        config: its ``pim_vectors`` (k, or 1 under "pi") and ``scaling_seed`` are used.
+        dtype: the result's dtype.
+        device: the result's device (default: the CPU).
+
+    Returns:
+        A (size, k) tensor of unit columns.
     """
     k = config.pim_vectors if config.scaling == "pim" else 1
     generator = torch.Generator().manual_seed(config.scaling_seed * 1_000_003 + size)
@@ -96,10 +105,23 @@ def inverse_root(
 
     Uses ``config.solver`` with its settings (``auto`` picks by the stack's device). ``start``
     are power-iteration start vectors (b, k); by default the deterministic ones of
-    :func:`start_vectors`. The result has the input's shape and dtype. A block on which an
-    iterative solver diverged (residual above ``masking.DIVERGED``, or a Chebyshev polynomial
-    extrapolated far outside its interval) comes back as NaN: the failure flag on which
-    :func:`refresh_roots` keeps the previous root.
+    ``start_vectors``. The result has the input's shape and dtype. A block on which an
+    iterative solver diverged (its residual far above 1, or a Chebyshev polynomial
+    extrapolated far outside its interval) comes back as NaN: the failure flag on which the
+    step keeps the previous root.
+
+    Args:
+        stack: a (K, b, b) tensor of symmetric positive semi-definite matrices.
+        p: the root's order, an integer >= 1 (NDB: a power of two).
+        config: the solver and its settings; ``preconditioner`` must be "shampoo".
+        start: (b, k) power-iteration start vectors, or None for ``start_vectors``'.
+
+    Returns:
+        A (K, b, b) tensor: ``X^{-1/p}`` of every block, NaN where a solver diverged.
+
+    Raises:
+        ValueError: ``stack`` is not (K, b, b), ``p`` is not a positive integer, the solver
+            cannot take ``p``, or the config is eigenvalue-corrected.
     """
     if stack.ndim != 3 or stack.shape[-1] != stack.shape[-2]:
         raise ValueError(f"inverse_root expects a (K, b, b) stack, got shape {tuple(stack.shape)}")

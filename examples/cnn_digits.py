@@ -4,7 +4,7 @@
 
 Conv kernels (out, in, 3, 3) are preconditioned as (out, in*9) matrices: the printout lists
 how dash_fn cut each parameter into blocks. Needs the optional dependency scikit-learn
-(``pip install -e ".[examples]"``).
+(``pip install scikit-learn``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def load_digits_tensors(seed: int):
     try:
         from sklearn.datasets import load_digits
     except ImportError as error:  # an optional dependency: say how to get it
-        raise SystemExit('cnn_digits.py needs scikit-learn: pip install -e ".[examples]"') from error
+        raise SystemExit("cnn_digits.py needs scikit-learn: pip install scikit-learn") from error
     digits = load_digits()
     x = torch.tensor(digits.images, dtype=torch.float32)[:, None] / 16.0
     y = torch.tensor(digits.target)

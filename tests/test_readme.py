@@ -1,10 +1,12 @@
-"""The README's code runs as written, and every script's --help shows each default once.
+"""The README's and the docs' code runs as written, and every script's --help shows each default once.
 
-Each ```python block of README.md runs as a script of its own in a fresh subprocess, in a
-temporary directory (blocks write checkpoints). A block may be exempted only by the comment
-``<!-- not run: REASON -->`` on the line right before its opening fence, and at most two may
-be. Blocks that use torch.distributed start a one-process gloo group (MASTER_ADDR and
-MASTER_PORT from the environment, which the test sets to a free port).
+Each ```python block of README.md and of the Markdown pages under docs/ runs as a script of its
+own in a fresh subprocess, in a temporary directory (blocks write checkpoints). A block may be
+exempted only by the comment ``<!-- not run: REASON -->`` on the line right before its opening
+fence, and at most two may be in the README and one a page of docs. Blocks that use
+torch.distributed start a one-process gloo group (MASTER_ADDR and MASTER_PORT from the
+environment, which the test sets to a free port). The README's "Quick start" blocks print their
+loss, which must fall.
 """
 
 from __future__ import annotations
@@ -21,30 +23,41 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NOT_RUN = re.compile(r"^<!--\s*not run:\s*(?P<reason>.*?)\s*-->$")
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
-def readme_blocks() -> list[dict]:
-    """Every ```python block: its first line number, code, heading and not-run reason (or None)."""
-    lines = (ROOT / "README.md").read_text().splitlines()
-    blocks, heading, i = [], "", 0
+def markdown_blocks(path: Path) -> list[dict]:
+    """Every ```python block of a page: its file, first line number, code, level-2 section,
+    heading and not-run reason (or None)."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    blocks, section, heading, i = [], "", "", 0
     while i < len(lines):
         line = lines[i]
         if re.match(r"^#{1,6} ", line):
             heading = line.lstrip("#").strip()
+            if line.startswith("## "):
+                section = heading
         if line.startswith("```"):  # a fence: find its end, keep it if it is python
             end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
             if line.strip() == "```python":
                 marker = NOT_RUN.match(lines[i - 1].strip()) if i else None
-                code = "\n".join(lines[i + 1 : end]) + "\n"
                 blocks.append(
-                    {"line": i + 2, "code": code, "heading": heading, "not_run": marker["reason"] if marker else None}
+                    {
+                        "file": str(path.relative_to(ROOT)),
+                        "line": i + 2,
+                        "code": "\n".join(lines[i + 1 : end]) + "\n",
+                        "section": section,
+                        "heading": heading,
+                        "not_run": marker["reason"] if marker else None,
+                    }
                 )
             i = end
         i += 1
     return blocks
 
 
-BLOCKS = readme_blocks()
+BLOCKS = [block for page in PAGES for block in markdown_blocks(page)]
+README = [b for b in BLOCKS if b["file"] == "README.md"]
 
 
 def free_port() -> int:
@@ -53,15 +66,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_readme_has_python_blocks_and_few_exceptions():
-    assert len(BLOCKS) >= 8, "README.md's python blocks were not found"
+def test_pages_have_python_blocks_and_few_exceptions():
+    assert len(README) >= 3, "README.md's python blocks were not found"
+    assert len([b for b in README if b["section"] == "Quick start" and not b["not_run"]]) == 3
     exempt = [b for b in BLOCKS if b["not_run"] is not None]
-    assert len(exempt) <= 2, f"at most 2 README blocks may be marked not run, found {[b['line'] for b in exempt]}"
     assert all(b["not_run"] for b in exempt), "a not-run marker must say why"
+    assert len([b for b in exempt if b["file"] == "README.md"]) <= 2
+    for page in {b["file"] for b in exempt if b["file"] != "README.md"}:
+        assert len([b for b in exempt if b["file"] == page]) <= 1, f"{page}: at most one block may be marked not run"
 
 
-@pytest.mark.parametrize("block", [b for b in BLOCKS if b["not_run"] is None], ids=lambda b: f"line{b['line']}")
-def test_readme_block_runs(block, tmp_path):
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b["not_run"] is None], ids=lambda b: f"{b['file']}:{b['line']}")
+def test_block_runs(block, tmp_path):
     script = tmp_path / "block.py"
     script.write_text(block["code"])
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
@@ -70,13 +86,12 @@ def test_readme_block_runs(block, tmp_path):
     result = subprocess.run(
         [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
     )
-    assert result.returncode == 0, (
-        f"README.md block at line {block['line']} ({block['heading']}) failed:\n{result.stderr[-3000:]}"
-    )
-    if block["heading"] == "Quick start":  # it prints the loss going down
+    where = f"{block['file']} block at line {block['line']} ({block['heading']})"
+    assert result.returncode == 0, f"{where} failed:\n{result.stderr[-3000:]}"
+    if block["file"] == "README.md" and block["section"] == "Quick start":  # it prints the loss going down
         losses = [float(x) for x in re.findall(r"loss (\d+\.\d+)", result.stdout)]
         assert len(losses) >= 3, result.stdout
-        assert losses[-1] < 0.5 * losses[0], result.stdout
+        assert losses[-1] < 0.5 * losses[0], f"{where}: {result.stdout}"
 
 
 def argparse_scripts() -> list[Path]:
@@ -165,4 +180,4 @@ def test_every_script_help_shows_each_default_once():
 def test_readme_snippets_use_the_block_size_its_defaults_section_advises():
     """The Defaults section advises against blocks of 1024 for thin weights: no snippet that
     users copy passes ``block_size=1024`` (``DashConfig.paper()`` is the named way to get it)."""
-    assert not [b["line"] for b in BLOCKS if "block_size=1024" in b["code"]]
+    assert not [f"{b['file']}:{b['line']}" for b in BLOCKS if "block_size=1024" in b["code"]]

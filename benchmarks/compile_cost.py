@@ -68,7 +68,7 @@ def main() -> None:
             ("compiled, warm cache", "compiled"),
         ):
             row = run(kind, args.steps, cache)
-            print(f"| {label} | {row['first']:.1f} | {1000 * row['median']:.1f} |", flush=True)
+            print(f"| {label} | {row['first']:.2f} | {1000 * row['median']:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

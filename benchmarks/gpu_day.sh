@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check in two steps, for a GPU machine with torch but no network (README, "On a GPU"):
+# The GPU check in two steps, for a GPU machine with torch but no network (docs/guide/accelerator.md, "Checking a GPU"):
 #
 #   bash benchmarks/gpu_day.sh fetch                 # here, where pip reaches the package registry:
 #                                                    # the wheels the GPU machine lacks, into .whl/

@@ -103,7 +103,7 @@ OPTIMIZERS = {
     ),
 }
 SWEPT = ["adamw", "muon", "dash-defaults", "dash-ndb"]
-# the best rates of the main job (size s; README), where the first sweep starts
+# the best rates of the main job (size s; docs/guide/configuration.md), where the first sweep starts
 START = {"adamw": 1e-3, "muon": 1e-2, "dash-defaults": 3e-3, "dash-ndb": 3e-3}
 MAX_GRID = 7  # rates one optimizer may try at one size before the sweep gives up widening
 

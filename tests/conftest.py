@@ -11,7 +11,7 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(os.path.dirname(__
 torch.set_num_threads(1)
 
 # The multi-process equality tests (DDP, FSDP2) launch one world size a strategy: 3 ranks (uneven
-# shares) in the main pass, 2 in the accelerator pass (README, Tests); ownership is the same under
+# shares) in the main pass, 2 in the accelerator pass (docs/CONTRIBUTING.md); ownership is the same under
 # both.
 DISTRIBUTED_WORLD_SIZE = 2 if simulating() else 3
 

@@ -16,7 +16,7 @@ from conftest import mixed_params, random_grads
 from dash_fn.strategy import simulated_accelerator
 from syncs import SyncCounter, inspecting_backend
 
-# tests marked compat run on the oldest and newest supported torch too (README, Tests)
+# tests marked compat run on the oldest and newest supported torch too (docs/CONTRIBUTING.md)
 MATMUL_SOLVERS = ["ndb", "cn", "chebyshev"]
 PARAMS = {"blocks": None, "vectors-only": {"b": (10,), "c": (3,), "s": ()}}
 SMALL = {"w": (48, 30), "b": (30,)}  # two block sizes: keeps the compile time of each solver's unrolled refresh short

@@ -11,7 +11,7 @@ from conftest import assert_equal_states, mixed_params, random_grads, tensors
 from dash_fn.roots import SOLVERS
 
 # also run under the simulated accelerator strategy, and on the oldest and newest supported torch
-# (README, Tests)
+# (docs/CONTRIBUTING.md)
 pytestmark = [pytest.mark.accelerator, pytest.mark.compat]
 
 # Roots refresh at steps 1 (t = start_prec_step) and 3 (inv_root_freq = 3): resuming after

@@ -8,7 +8,7 @@ import dash_fn
 from conftest import mixed_params, random_grads
 
 # also run under the simulated accelerator strategy; those marked compat on the oldest and newest
-# supported torch too (README, Tests)
+# supported torch too (docs/CONTRIBUTING.md)
 pytestmark = pytest.mark.accelerator
 
 

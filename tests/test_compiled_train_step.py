@@ -10,7 +10,7 @@ from conftest import mixed_params, random_grads
 from dash_fn.roots import SOLVERS
 from llama import Llama, LlamaConfig
 
-pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (README, Tests)
+pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (docs/CONTRIBUTING.md)
 
 SOLVER_NAMES = sorted(SOLVERS)
 

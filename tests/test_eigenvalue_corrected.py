@@ -17,7 +17,7 @@ from dash_fn.roots.basis import eigenbasis, qr_basis
 from reference import ReferenceDash, gram_schmidt_step
 from syncs import assert_one_graph_without_syncs
 
-pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (README, Tests)
+pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (docs/CONTRIBUTING.md)
 
 EC = "eigenvalue_corrected"
 # every two-sided block of the mixed shapes at B = 8 has a full-rank factor by step 4 (its long

@@ -12,7 +12,7 @@ import dash_fn
 from conftest import assert_equal_states, mixed_params, random_grads, tensors
 from dash_fn.strategy import simulated_accelerator
 
-pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (README, Tests)
+pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (docs/CONTRIBUTING.md)
 
 # the periodic schedule: these tests follow its refresh flag through skipped steps
 CONFIG = dash_fn.DashConfig(

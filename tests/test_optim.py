@@ -13,7 +13,7 @@ import dash_fn
 from conftest import assert_equal_states, mixed_params, random_grads, tensors
 from dash_fn.roots import SOLVERS
 
-pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (README, Tests)
+pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (docs/CONTRIBUTING.md)
 
 CONFIG = dict(block_size=16, solver="eigh", inv_root_freq=3)
 # Every kind of parameter (blocks, strips and corners, a conv kernel, AdamW vectors), kept small.
@@ -601,7 +601,7 @@ def test_per_parameter_state_is_as_the_readme_says():
 def test_thin_weight_state_is_the_closed_form(thin_ratio):
     """A (m, n) weight with n <= b / 4 holds 2 + 2n/b floats per entry as thin blocks (A and Gt,
     and an n x n factor with its root per b x n block), 2 + 2b/n + 2n/b two-sided (a b x b left
-    factor and its root too): 2.5 and 10.5 for an nn.Embedding(32000, 64) at b = 256 (README)."""
+    factor and its root too): 2.5 and 10.5 for an nn.Embedding(32000, 64) at b = 256 (docs/guide/memory.md)."""
     b, n = 32, 8
     config = dash_fn.DashConfig(block_size=b, solver="eigh", thin_ratio=thin_ratio)  # no start vectors
     state = dash_fn.init({"w": torch.zeros(4 * b, n)}, config)

@@ -10,7 +10,7 @@ from conftest import mixed_params, random_grads
 from reference import ReferenceDash
 
 # also run under the simulated accelerator strategy, and on the oldest and newest supported torch
-# (README, Tests)
+# (docs/CONTRIBUTING.md)
 pytestmark = [pytest.mark.accelerator, pytest.mark.compat]
 
 CONFIGS = {

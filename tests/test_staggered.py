@@ -12,7 +12,7 @@ from dash_fn.strategy import simulated_accelerator
 from reference import ReferenceDash
 from syncs import SyncCounter, inspecting_backend
 
-pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (README, Tests)
+pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (docs/CONTRIBUTING.md)
 
 
 def staggered(**changes) -> dash_fn.DashConfig:

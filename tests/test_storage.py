@@ -14,7 +14,7 @@ from dash_fn.strategy import simulated_accelerator
 from reference import ReferenceDash
 from syncs import SyncCounter, inspecting_backend
 
-pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (README, Tests)
+pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (docs/CONTRIBUTING.md)
 
 KIND_FIELDS = {"F": "factor_dtype", "Fbar": "root_dtype", "Gt": "grad_ema_dtype", "A": "graft_dtype"}
 ALL_NARROW = {field: "bfloat16" for field in KIND_FIELDS.values()}

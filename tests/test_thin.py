@@ -14,7 +14,7 @@ from conftest import random_grads
 from dash_fn.plan import make_plan
 from reference import ReferenceDash
 
-pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (README, Tests)
+pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (docs/CONTRIBUTING.md)
 
 SHAPES = {"tall": (96, 6), "wide": (5, 96), "square": (24, 24), "bias": (5,)}  # factors of sizes 6, 5 and 24
 

@@ -18,7 +18,7 @@ from dash_fn.roots.scaling import spectral_norm_estimate
 from dash_fn.strategy import ACCELERATOR, CPU, simulated_accelerator
 from syncs import assert_one_graph_without_syncs
 
-pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (README, Tests)
+pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (docs/CONTRIBUTING.md)
 
 # every option on, at a power-of-two order so that NDB serves it (the preset's test covers CN)
 ALL_OPTIONS = dict(grafting="rms", graft_rms=0.25, nesterov_G=True, eps_rel=1e-4, root_order=2)

@@ -61,8 +61,9 @@ compat:
 
 # the docs site (docs/ and the API reference from the docstrings) into site/; --strict: a
 # broken link or reference, or a docstring that names a missing argument, fails the build
+# (NO_MKDOCS_2_WARNING silences the theme's banner about its successor, which is no warning)
 docs: venv
-	$(BIN)/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 # the sdist and wheel built, the wheel installed into a fresh venv beside the pinned torch, and
 # the README's quick start run from outside the checkout (.ci/wheel says how)

@@ -177,7 +177,7 @@ def test_every_script_help_shows_each_default_once():
     assert not problems, "each option must show its default exactly once:\n" + "\n".join(problems)
 
 
-def test_readme_snippets_use_the_block_size_its_defaults_section_advises():
-    """The Defaults section advises against blocks of 1024 for thin weights: no snippet that
-    users copy passes ``block_size=1024`` (``DashConfig.paper()`` is the named way to get it)."""
+def test_snippets_use_the_block_size_the_configuration_guide_advises():
+    """docs/guide/configuration.md advises against blocks of 1024 for thin weights: no snippet
+    that users copy passes ``block_size=1024`` (``DashConfig.paper()`` is the named way to get it)."""
     assert not [f"{b['file']}:{b['line']}" for b in BLOCKS if "block_size=1024" in b["code"]]

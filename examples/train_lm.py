@@ -453,7 +453,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--runs",
         nargs="+",
-        default=["adamw@1e-3", "dash@3e-3"],
+        default=["adamw@1e-3", "dash@6e-3"],
         help="OPTIMIZER@LR, e.g. adamw@1e-3 dash-ndb@3e-3; OPTIMIZER is adamw, muon, soap, psgd, dash, "
         "dash-SOLVER (eigh, ndb, cn, chebyshev), dash-defaults (DashConfig() as is) or dash-paper "
         "(DashConfig.paper())",

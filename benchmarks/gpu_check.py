@@ -12,13 +12,16 @@ seconds from the start) stops starting new rows in time to write the report; the
 
 1. Syncs and CUDA graphs: steady-state steps (after warm-up calls that include CUDA graphs'
    recording call) of the eager adapter, the compiled adapter and the functional step compiled
-   with ``mode="reduce-overhead"``, NDB with momentum and the non-finite guard, under
+   with ``mode="reduce-overhead"``, NDB with momentum and the non-finite guard (then the same
+   step with the update-rule options, with the defaults as a GPU runs them, coupled Newton's
+   cube roots, and in the eigenvalue-corrected mode, whose bases come from orthogonal
+   iteration there), under
    ``torch.cuda.set_sync_debug_mode("error")`` (the dry run counts the same ops with a dispatch
    mode, tests/syncs.py). Per row, Inductor's ``cudagraph_skips`` counter (must not move) and
    the parameters against the same steps run eagerly (within ``COMPILED_TOLERANCE``). The
    functional step's replays read fixed input buffers: its outputs are copied into the
    parameters before the next replay, which overwrites them (CUDA-graph trees reuse the pool).
-2. Accuracy: 12 steps of the functional step in float32 on the device (NDB, eigh) against the
+2. Accuracy: 12 steps of the functional step in float32 on the device (NDB, CN, eigh) against the
    same steps in float64 on the CPU, within ``FLOAT32_FACTOR`` times the CPU's own float32 run.
 3. Step times of the DASH paper's Llama-953M layer at block 1024 (benchmarks/step_bench.py):
    dash_fn with CUDA graphs, compiled, eager, the sequential per-block baseline and AdamW, plain
@@ -32,7 +35,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import faulthandler
-import functools
 import os
 import sys
 import time
@@ -66,6 +68,10 @@ CHECK_CONFIG = dict(solver="ndb", inv_root_freq=2, mu=0.5, eps=EPS, eps_graft=1e
 # the update-rule options (docs/ALGORITHM.md 4 c-e) on the same step: the spectral rule's power
 # iteration, the relative floor and Nesterov's look-ahead are the parts a CUDA graph has not seen
 UPDATE_RULES_CONFIG = CHECK_CONFIG | dict(grafting="spectral", eps_rel=1e-5, nesterov_G=True)
+# the defaults off the CPU: solver "auto" takes coupled Newton for their cube roots
+DEFAULTS_CONFIG = {k: v for k, v in CHECK_CONFIG.items() if k != "solver"}
+# Adam in the factors' eigenbases; "auto" takes orthogonal iteration (a product and a batched QR)
+CORRECTED_CONFIG = DEFAULTS_CONFIG | dict(preconditioner="eigenvalue_corrected")
 # ||W_compiled - W_eager|| / ||W_eager|| after the steps: fused kernels round differently, no more
 COMPILED_TOLERANCE = 1e-4
 # ||W_float32 - W_float64|| / ||W_float64|| after 12 steps is float32 rounding amplified by the
@@ -242,16 +248,23 @@ def checked_steps(device: torch.device, steps, watch: bool) -> str:
     return f"no sync in {len(steps) - WARMUP} steps"
 
 
+def partial_run(options: dict):
+    """:func:`functional_run` with another DashConfig (read at call time, so a test's patch
+    of ``functional_run`` reaches these rows too)."""
+    return lambda device, width, block, compile: functional_run(device, width, block, compile, options=options)
+
+
 def sync_and_graph_rows(report: Report, deadline: Deadline, device: torch.device, width: int, block: int, cuda_graphs):
     """Eager references first, then each compiled form: no sync, no CUDA-graph skip, eager's numbers."""
     cuda = device.type == "cuda"
     graphs = " + CUDA graphs" if cuda else ""
     references: dict[str, dict] = {}
-    update_rules = functools.partial(functional_run, options=UPDATE_RULES_CONFIG)
     for kind, make in (
         ("adapter", adapter_run),
         ("functional step", functional_run),
-        ("functional step, spectral rule + eps_rel + nesterov_G", update_rules),
+        ("functional step, spectral rule + eps_rel + nesterov_G", partial_run(UPDATE_RULES_CONFIG)),
+        ("functional step, the defaults (auto: coupled Newton, cube roots)", partial_run(DEFAULTS_CONFIG)),
+        ("functional step, eigenvalue-corrected (auto: qr bases)", partial_run(CORRECTED_CONFIG)),
     ):
 
         def eager(kind=kind, make=make) -> tuple[str, bool]:
@@ -388,7 +401,7 @@ def run(args, report: Report) -> None:
     report.line("|---|---|")
     torch._dynamo.utils.counters.clear()
     sync_and_graph_rows(report, deadline, device, width, min(block, 256), cuda_graphs)
-    for solver in ("ndb", "eigh"):
+    for solver in ("ndb", "cn", "eigh"):
 
         def agreement(solver=solver) -> tuple[str, bool]:
             on_device, on_cpu = accuracy(device, small, min(block, 256), solver)
@@ -415,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--dry-run", action="store_true", help="CPU, tiny shapes, aot_eager, the accelerator strategy simulated"
     )
-    parser.add_argument("--solver", nargs="+", default=["ndb", "eigh"], help="root solvers to time")
+    parser.add_argument("--solver", nargs="+", default=["ndb", "cn", "eigh"], help="root solvers to time")
     parser.add_argument("--reps", type=int, default=10, help="timed steps per row (median)")
     parser.add_argument(
         "--budget",

@@ -70,7 +70,10 @@ def test_gpu_check_fails_on_wrong_numbers(tmp_path, monkeypatch):
         "adapter, compiled",
         "functional step, compiled",
         "functional step, spectral rule + eps_rel + nesterov_G, compiled",
+        "functional step, the defaults (auto: coupled Newton, cube roots), compiled",
+        "functional step, eigenvalue-corrected (auto: qr bases), compiled",
         "ndb: float32 on cpu vs float64 on CPU, 12 steps, max relative difference",
+        "cn: float32 on cpu vs float64 on CPU, 12 steps, max relative difference",
         "eigh: float32 on cpu vs float64 on CPU, 12 steps, max relative difference",
     ]
     assert "1.0e-03 from eager (limit 1e-04)" in report.read_text()
@@ -91,6 +94,8 @@ def test_gpu_check_fails_a_row_that_cuda_graphs_skipped(tmp_path, monkeypatch):
         "adapter, compiled",
         "functional step, compiled",
         "functional step, spectral rule + eps_rel + nesterov_G, compiled",
+        "functional step, the defaults (auto: coupled Newton, cube roots), compiled",
+        "functional step, eigenvalue-corrected (auto: qr bases), compiled",
         "ndb: step times, tiny",
     ]
 
@@ -107,7 +112,7 @@ def test_gpu_check_starts_no_row_past_its_budget(tmp_path):
     out = report.read_text()
     assert "| adapter, eager | not run: 0 s of the budget left" in out
     assert "| ndb: step times, tiny | not run:" in out and "| dash_fn eager |" not in out
-    assert "every check that ran passed; 11 not run (budget)" in out.splitlines()[-1]
+    assert "every check that ran passed; 17 not run (budget)" in out.splitlines()[-1]
 
 
 def test_step_bench_quick(capsys):

@@ -12,10 +12,10 @@ seconds from the start) stops starting new rows in time to write the report; the
 
 1. Syncs and CUDA graphs: steady-state steps (after warm-up calls that include CUDA graphs'
    recording call) of the eager adapter, the compiled adapter and the functional step compiled
-   with ``mode="reduce-overhead"``, NDB with momentum and the non-finite guard (then the same
-   step with the update-rule options, with the defaults as a GPU runs them, coupled Newton's
-   cube roots, and in the eigenvalue-corrected mode, whose bases come from orthogonal
-   iteration there), under
+   with ``mode="reduce-overhead"``, NDB with momentum and the non-finite guard; then the same
+   functional step with the update-rule options, with the defaults as a GPU runs them
+   (coupled Newton's cube roots), and in the eigenvalue-corrected mode (orthogonal-iteration
+   bases); all under
    ``torch.cuda.set_sync_debug_mode("error")`` (the dry run counts the same ops with a dispatch
    mode, tests/syncs.py). Per row, Inductor's ``cudagraph_skips`` counter (must not move) and
    the parameters against the same steps run eagerly (within ``COMPILED_TOLERANCE``). The

@@ -12,6 +12,8 @@ from conftest import assert_equal_states, random_grads
 
 E = 3
 CONFIG = dash_fn.DashConfig(block_size=8, solver="eigh", inv_root_freq=2, mu=0.5)
+# Adam in the factors' eigenbases ("auto": eigh bases on the CPU, qr under the accelerator strategy)
+CORRECTED = dash_fn.DashConfig(block_size=8, preconditioner="eigenvalue_corrected", inv_root_freq=2, mu=0.5)
 
 
 def batched_params():
@@ -31,8 +33,8 @@ def as_separate(tree):
     return out
 
 
-def run(params, step=dash_fn.step, batch_dims=None, steps=6):
-    state = dash_fn.init(params, CONFIG, batch_dims=batch_dims)
+def run(params, step=dash_fn.step, batch_dims=None, steps=6, config=CONFIG):
+    state = dash_fn.init(params, config, batch_dims=batch_dims)
     for t in range(1, steps + 1):
         grads = random_grads(batched_params(), t)
         params, state = step(
@@ -40,16 +42,18 @@ def run(params, step=dash_fn.step, batch_dims=None, steps=6):
             grads if batch_dims else as_separate(grads),
             state,
             lr=1e-2,
-            refresh=dash_fn.is_refresh_step(CONFIG, t),
+            refresh=dash_fn.is_refresh_step(config, t),
         )
     return params, state
 
 
+@pytest.mark.accelerator
+@pytest.mark.parametrize("config", [CONFIG, CORRECTED], ids=["roots", "eigenvalue-corrected"])
 @pytest.mark.parametrize("backend", [None, "aot_eager"])
-def test_experts_step_bitwise_as_separate_parameters(backend):
+def test_experts_step_bitwise_as_separate_parameters(backend, config):
     step = dash_fn.step if backend is None else torch.compile(dash_fn.step, fullgraph=True, backend=backend)
-    batched, batched_state = run(batched_params(), step, {"experts": 1})
-    separate, separate_state = run(as_separate(batched_params()), step)
+    batched, batched_state = run(batched_params(), step, {"experts": 1}, config=config)
+    separate, separate_state = run(as_separate(batched_params()), step, config=config)
     for name, value in as_separate(batched).items():
         assert torch.equal(value, separate[name]), name
     for key in ("groups", "factors"):  # the same stacks, block for block

@@ -12,8 +12,9 @@ from conftest import assert_equal_states, random_grads
 
 E = 3
 CONFIG = dash_fn.DashConfig(block_size=8, solver="eigh", inv_root_freq=2, mu=0.5)
-# Adam in the factors' eigenbases ("auto": eigh bases on the CPU, qr under the accelerator strategy)
-CORRECTED = dash_fn.DashConfig(block_size=8, preconditioner="eigenvalue_corrected", inv_root_freq=2, mu=0.5)
+# the same step in the other mode, Adam in the factors' eigenbases ("auto": eigh bases on the
+# CPU, qr under the accelerator strategy)
+CORRECTED = CONFIG.replace(solver="auto", preconditioner="eigenvalue_corrected")
 
 
 def batched_params():

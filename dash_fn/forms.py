@@ -83,22 +83,18 @@ class DeviceForms:
         else:
             F.copy_(F.to(dtype) + X)
 
-    def adam_direction(
-        self, config: DashConfig, entry, G: torch.Tensor, corrections: dict, t, guard: Guard, rotate=None
-    ):
+    def adam_direction(self, config: DashConfig, entry, G: torch.Tensor, corrections: dict, t, guard: Guard):
         """Grafting moment (c), gradient EMA (e) and Adam direction (f) of one group's blocks:
         returns ``(Gt, D)`` (``Gt`` is G itself without a gradient EMA); decays gated by the
-        guard. With ``rotate`` (the eigenvalue-corrected preconditioner, 4 k) the moment is
-        kept of ``rotate(G)`` and ``D`` is the direction in that basis, of ``rotate(Gt)``."""
+        guard. (The eigenvalue-corrected preconditioner, 4 k, passes G rotated into its bases.)"""
         dtype = G.dtype
-        seen = G if rotate is None else rotate(G)
         # squares as G * G, not addcmul: AOTAutograd decomposes addcmul into an fma, which rounds
         # otherwise, and the compiled step would not give eager's bits; a narrow A or Gt is
         # updated in the state dtype and rounded when stored (dash_fn.storage)
         if config.grafting == "adagrad":
-            A = ema_(entry["A"], 1.0, seen * seen, 1.0)
+            A = ema_(entry["A"], 1.0, G * G, 1.0)
         else:
-            A = ema_(entry["A"], guard.decay(config.beta_graft, dtype), seen * seen, 1 - config.beta_graft)
+            A = ema_(entry["A"], guard.decay(config.beta_graft, dtype), G * G, 1 - config.beta_graft)
         Gt, cG = G, None
         if config.beta_G > 0:
             decay = guard.decay(config.beta_G, dtype)
@@ -111,8 +107,7 @@ class DeviceForms:
         if corrections["A"] is not None:
             denom.div_(corrections["A"])
         denom.add_(config.eps_graft)
-        N = Gt if rotate is None else rotate(Gt)
-        D = N / denom if cG is None else (N / cG).div_(denom)
+        D = Gt / denom if cG is None else (Gt / cG).div_(denom)
         return Gt, D
 
     def block_norm(self, X: torch.Tensor) -> torch.Tensor:
@@ -157,15 +152,13 @@ class HostForms(DeviceForms):
         else:
             super().factor_ema(F, X, beta, guard, dtype)
 
-    def adam_direction(
-        self, config: DashConfig, entry, G: torch.Tensor, corrections: dict, t, guard: Guard, rotate=None
-    ):
+    def adam_direction(self, config: DashConfig, entry, G: torch.Tensor, corrections: dict, t, guard: Guard):
         """As the device form; in one pass of torch's fused Adam kernel where it applies
-        (:func:`fused_adam_applies`; never with ``rotate``), where the op-by-op form makes nine:
+        (:func:`fused_adam_applies`), where the op-by-op form makes nine:
         with ``lr = -1`` on a zero "parameter" the kernel leaves ``D = (Gt / cG) / (sqrt(A) /
         sqrt(cA) + eps)``, the same formula in the kernel's rounding (its EMA is a lerp)."""
-        if rotate is not None or guard.ok is not None or not fused_adam_applies(config, entry, G):
-            return super().adam_direction(config, entry, G, corrections, t, guard, rotate)
+        if guard.ok is not None or not fused_adam_applies(config, entry, G):
+            return super().adam_direction(config, entry, G, corrections, t, guard)
         Gt, D = entry["Gt"], torch.zeros_like(entry["A"])
         torch._fused_adam_(
             [D],

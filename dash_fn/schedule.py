@@ -32,12 +32,15 @@ at position 0 and keeps its old root.
 
 from __future__ import annotations
 
+from itertools import islice
+
 import torch
 
 from .config import DashConfig
 from .plan import BlockGroup, Plan
 
 SCHEDULE_KEY = "schedule"
+DUE_BLOCKS_KEY = "due_blocks"
 
 
 def is_refresh_step(config: DashConfig, t: int) -> bool | None:
@@ -123,6 +126,26 @@ def stagger_tables(plan: Plan, shard, period: int, device) -> dict:
     return tables
 
 
+def due_block_tables(plan: Plan, shard, period: int, device) -> dict:
+    """``{group: (min(period, blocks), w)}`` (int64) for this rank's groups: row j the group's
+    own blocks of phase j, then blocks of other phases up to the width w (the most blocks one
+    phase holds), so that a row's entries are distinct. Where a group's blocks are refreshed
+    (both sides at their phase) the eigenvalue-corrected preconditioner rotates their gradient
+    EMAs into the new bases; a padding block's bases are unchanged, so it is left as it is."""
+    numbers_of_groups = block_numbers(plan, shard)
+    count = min(period, 1 + max((n for numbers in numbers_of_groups for n in numbers), default=0))
+    tables = {}
+    for g, numbers in enumerate(numbers_of_groups):
+        rows = [[q for q, n in enumerate(numbers) if n % period == j] for j in range(count)]
+        width = max((len(r) for r in rows), default=0)
+        padded = [
+            r + list(islice((q for q, n in enumerate(numbers) if n % period != j), width - len(r)))
+            for j, r in enumerate(rows)
+        ]
+        tables[str(g)] = torch.tensor(padded, dtype=torch.int64, device=device).reshape(count, width)
+    return tables
+
+
 def due_slice(tables, t: torch.Tensor, config: DashConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """``(positions (m,), due (1,) bool)``: the stack positions that step ``t`` refreshes, and
     whether it does (its phase has blocks in this stack and t >= s), on the device."""
@@ -132,6 +155,12 @@ def due_slice(tables, t: torch.Tensor, config: DashConfig) -> tuple[torch.Tensor
     positions = tables["slices"].index_select(0, row.reshape(1)).reshape(-1)
     due = (tables["phase"].index_select(0, positions[:1]) == j) & (t >= s)
     return positions, due
+
+
+def due_blocks(table: torch.Tensor, t: torch.Tensor, config: DashConfig) -> torch.Tensor:
+    """(w,): the row of a group's :func:`due_block_tables` entry for step ``t``'s phase."""
+    j = torch.remainder(t - int(config.start_prec_step), config.inv_root_freq).clamp(max=table.shape[0] - 1)
+    return table.index_select(0, j.reshape(1)).reshape(-1)
 
 
 def has_root(tables, start: int, count: int, t: torch.Tensor, config: DashConfig) -> torch.Tensor:

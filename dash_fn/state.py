@@ -16,7 +16,7 @@ from .distributed.fsdp import check_dtensors, local_shape
 from .inputs import check_params, flatten
 from .plan import Plan, make_plan
 from .roots import prepare, resolve_solver, start_vectors, uses_start_vectors
-from .schedule import SCHEDULE_KEY, stagger_tables, staggers
+from .schedule import DUE_BLOCKS_KEY, SCHEDULE_KEY, due_block_tables, stagger_tables, staggers
 from .storage import stored_dtype
 from .strategy import for_device
 
@@ -225,13 +225,15 @@ def _layout(plan: Plan, config: DashConfig, device: torch.device) -> dict:
     return layout
 
 
-CONSTANTS = ("start_vectors", SCHEDULE_KEY)  # state entries derived from config and plan, never stored
+CONSTANTS = ("start_vectors", SCHEDULE_KEY, DUE_BLOCKS_KEY)  # state entries derived from config and plan, never stored
 
 
 def constants(plan: Plan, shard, config: DashConfig, device: torch.device) -> dict:
     """The state's constant entries (:data:`CONSTANTS`) for a rank's ``shard`` of ``plan``:
-    power-iteration start vectors when the solver scales by PI, and the staggered schedule's
-    tables. Made by ``init`` and again on every load, for the target's config and device."""
+    power-iteration start vectors when the solver scales by PI, the staggered schedule's
+    tables, and under it each group's due blocks where the eigenvalue-corrected preconditioner
+    keeps a gradient EMA in the bases. Made by ``init`` and again on every load, for the
+    target's config and device."""
     local = shard.local
     found = {}
     if uses_start_vectors(config, resolve_solver(config, for_device(device))):
@@ -239,6 +241,8 @@ def constants(plan: Plan, shard, config: DashConfig, device: torch.device) -> di
         found["start_vectors"] = {str(b): start_vectors(b, config, local.dtype, device) for b in sizes}
     if staggers(config):
         found[SCHEDULE_KEY] = stagger_tables(plan, shard, config.inv_root_freq, device)
+        if config.preconditioner == "eigenvalue_corrected" and config.beta_G > 0:
+            found[DUE_BLOCKS_KEY] = due_block_tables(plan, shard, config.inv_root_freq, device)
     return found
 
 

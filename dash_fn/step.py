@@ -21,7 +21,7 @@ from .plan import ADAMW, EMPTY, SEGMENTS, Plan
 from .roots import refresh_roots
 from .roots.matmul import stacked_matmul
 from .roots.scaling import root, spectral_norm_estimate
-from .schedule import SCHEDULE_KEY, due_slice, has_root, is_refresh_step, periodic_due
+from .schedule import DUE_BLOCKS_KEY, SCHEDULE_KEY, due_blocks, due_slice, has_root, is_refresh_step, periodic_due
 from .strategy import for_device
 
 __all__ = ["step", "is_refresh_step"]
@@ -213,11 +213,16 @@ def _refresh(ctx: _Step, refresh: bool | None) -> None:
     if config.start_prec_step == math.inf:
         return
     if config.refresh_schedule == "staggered":
-        for k in range(len(ctx.local.factors)):
-            _refresh_slice(ctx, k)
+        refresh_stack = _refresh_slice
     elif refresh or (refresh is None and ctx.forms.holds(ctx.guard.flags(periodic_due(ctx.t, config)))):
-        for k in range(len(ctx.local.factors)):
-            _refresh_stack(ctx, k)
+        refresh_stack = _refresh_stack
+    else:
+        return
+    before = _bases_before(ctx) if config.preconditioner == "eigenvalue_corrected" and config.beta_G > 0 else []
+    for k in range(len(ctx.local.factors)):
+        refresh_stack(ctx, k)
+    for g, blocks, old in before:
+        _rotate_gradient_ema(ctx, g, blocks, old)
 
 
 def _refresh_stack(ctx: _Step, k: int) -> None:
@@ -251,6 +256,53 @@ def _refresh_slice(ctx: _Step, k: int) -> None:
     entry["Fbar"].index_copy_(0, solved, roots.to(entry["Fbar"].dtype))
     fallbacks = entry["fallbacks"]
     fallbacks.index_copy_(0, solved, fallbacks.index_select(0, solved) + (fell_back & due))
+
+
+def _bases_before(ctx: _Step) -> list:
+    """``[(g, blocks, bases)]``: for each group with an eigenbasis, the blocks this step may
+    refresh (the staggered schedule's due blocks; None: all) and their bases before it, one
+    per side (None for a side without a basis)."""
+    found = []
+    for g, group in enumerate(ctx.local.groups):
+        if group.left is None and group.right is None:
+            continue
+        blocks = None
+        if ctx.config.refresh_schedule == "staggered":
+            blocks = due_blocks(ctx.state[DUE_BLOCKS_KEY, str(g)], ctx.t, ctx.config)
+        # (all of them: copied, as the refresh writes them in place)
+        bases = [None if side is None else _bases(ctx, group, side, blocks) for side in (group.left, group.right)]
+        found.append((g, blocks, [b if b is None or blocks is not None else b.clone() for b in bases]))
+    return found
+
+
+def _bases(ctx: _Step, group, side, blocks: torch.Tensor | None) -> torch.Tensor:
+    """The stored bases (``Fbar``) of a group's ``blocks`` (None: all) on one side."""
+    bases = ctx.state["factors", str(side.stack), "Fbar"][side.offset : side.offset + group.count]
+    return bases if blocks is None else bases.index_select(0, blocks)
+
+
+def _rotate_gradient_ema(ctx: _Step, g: int, blocks: torch.Tensor | None, before: list) -> None:
+    """The gradient EMA of a group's ``blocks`` (None: all) moved into their new bases (k):
+    kept as ``Gt' = Q_L^T Gt Q_R``, it becomes ``Q_L'^T Q_L Gt' Q_R^T Q_R'``, one side at a
+    time and only where that side's basis changed (elsewhere its bits stay)."""
+    group, dtype = ctx.local.groups[g], ctx.local.dtype
+    entry = ctx.state["groups", str(g), "Gt"]
+    X = (entry if blocks is None else entry.index_select(0, blocks)).to(dtype)
+    for is_left, side, old in ((True, group.left, before[0]), (False, group.right, before[1])):
+        if side is None or old is None:
+            continue
+        new = _bases(ctx, group, side, blocks)
+        changed = (new != old).flatten(1).any(1)
+        Q_old, Q_new = old.to(dtype), new.to(dtype)
+        if is_left:
+            moved = stacked_matmul(Q_new.mT, stacked_matmul(Q_old, X))
+        else:
+            moved = stacked_matmul(stacked_matmul(X, Q_old.mT), Q_new)
+        X = ctx.forms.select(changed[:, None, None], moved, X)
+    if blocks is None:
+        entry.copy_(X)
+    else:
+        entry.index_copy_(0, blocks, X.to(entry.dtype))
 
 
 def _root_order(config: DashConfig, order: int) -> int:
@@ -304,22 +356,20 @@ def _refreshed(ctx: _Step, group, side) -> torch.Tensor:
 
 
 def _corrected_direction(ctx: _Step, g: int, G: torch.Tensor) -> torch.Tensor:
-    """The eigenvalue-corrected direction (k): Adam's direction in the eigenbases ``Q_L, Q_R``
-    of the block's factors, rotated back, ``Q_L [rot(Gt_hat) / (sqrt(A_hat) + eps)] Q_R^T``
-    with ``rot(X) = Q_L^T X Q_R`` and ``A`` the EMA of ``rot(G)^2``. A thin block's diagonal
-    side and a one-sided segment's missing side are not rotated (their basis is I), as is
-    every block before its first basis (its ``Fbar`` is still I: Adam's direction)."""
+    """The eigenvalue-corrected direction (k): Adam's direction of ``rot(G) = Q_L^T G Q_R``,
+    with both moments kept in the eigenbases ``Q_L, Q_R`` of the block's factors (the gradient
+    EMA moved into new bases where they change, :func:`_rotate_gradient_ema`), rotated back:
+    ``Q_L [Gt_hat / (sqrt(A_hat) + eps)] Q_R^T``. A thin block's diagonal side and a one-sided
+    segment's missing side are not rotated (their basis is I), as is every block before its
+    first basis (its ``Fbar`` is still I: Adam's direction)."""
     group = ctx.local.groups[g]
     left = None if group.left is None else _refreshed(ctx, group, group.left)
     right = None if group.right is None else _refreshed(ctx, group, group.right)
-
-    def rotate(X: torch.Tensor) -> torch.Tensor:
-        if left is not None:
-            X = stacked_matmul(left.mT, X)
-        return X if right is None else stacked_matmul(X, right)
-
-    entry = ctx.state["groups", str(g)]
-    _, D = ctx.forms.adam_direction(ctx.config, entry, G, ctx.corrections, ctx.t, ctx.guard, rotate)
+    if left is not None:
+        G = stacked_matmul(left.mT, G)
+    if right is not None:
+        G = stacked_matmul(G, right)
+    _, D = ctx.forms.adam_direction(ctx.config, ctx.state["groups", str(g)], G, ctx.corrections, ctx.t, ctx.guard)
     if left is not None:
         D = stacked_matmul(left, D)
     return D if right is None else stacked_matmul(D, right.mT)

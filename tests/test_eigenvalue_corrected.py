@@ -161,6 +161,28 @@ def test_one_compiled_graph_without_syncs():
     assert_one_graph_without_syncs(config, mixed_params(shapes={"w": (24, 20), "thin": (2, 40), "b": (20,)}))
 
 
+def test_due_block_rows_hold_every_block_of_their_phase():
+    """The staggered schedule's due-block rows (dash_fn.schedule.due_block_tables): row j of a
+    group holds every block of phase j (read from the factor stacks' own phase tables), then
+    other blocks, all distinct, as many as the largest phase has; a period longer than the
+    blocks keeps a row per block number."""
+    for period, rows in ((3, 3), (10**9, None)):
+        config = dash_fn.DashConfig(block_size=8, preconditioner=EC, inv_root_freq=period)
+        state = dash_fn.init(mixed_params(), config)
+        plan = state["plan"]
+        for g, group in enumerate(plan.groups):
+            table = state["due_blocks", str(g)]
+            side = group.factor_sides[0]
+            phase = state["schedule", str(side.stack), "phase"][side.offset : side.offset + group.count]
+            assert table.shape[0] == state["schedule", str(side.stack), "slices"].shape[0] == (rows or table.shape[0])
+            width = max(int((phase == j).sum()) for j in range(table.shape[0]))
+            assert table.shape[1] == width, g
+            for j, row in enumerate(table.tolist()):
+                own = (phase == j).nonzero().flatten().tolist()
+                assert row[: len(own)] == own and len(set(row)) == len(row), (g, j)
+    assert "due_blocks" not in dash_fn.init(mixed_params(), config.replace(beta_G=0.0)).keys()  # no EMA to move
+
+
 @pytest.mark.parametrize("solver", ["eigh", "qr"])
 def test_a_checkpoint_resumes_bit_exact(solver, tmp_path):
     config = dash_fn.DashConfig(block_size=8, preconditioner=EC, solver=solver, inv_root_freq=3, mu=0.5)

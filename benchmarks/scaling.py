@@ -97,6 +97,8 @@ OPTIMIZERS = {
     # defaults (eigh bases on the CPU, refreshed in a staggered tenth every step; the exponent and
     # the floor do not apply)
     "dash-ec": ("dash-defaults", ["--dash", "preconditioner=eigenvalue_corrected", "nesterov_G=false"]),
+    # the mode on top of today's defaults: Nesterov's look-ahead of the gradient EMA rotated
+    "dash-ec-nesterov": ("dash-defaults", ["--dash", "preconditioner=eigenvalue_corrected"]),
     "dash-ec-freq3": (
         "dash-defaults",
         ["--dash", "preconditioner=eigenvalue_corrected", "nesterov_G=false", "inv_root_freq=3"],

@@ -25,7 +25,7 @@ The power-iteration start vectors and the staggered schedule's tables are not sa
 fixed data, pure functions of the config and the plan (:func:`dash_fn.state.constants`),
 made again on load for the target device.
 
-A file of :func:`save_state` holds ``{"format": "dash_fn.state", "version": 3, "config":
+A file of :func:`save_state` holds ``{"format": "dash_fn.state", "version": 4, "config":
 fields, "state": entries, "shard": {"rank", "world_size"} (W > 1), "checksum"}``: strings,
 numbers, lists, dicts and tensors only, so ``torch.load(weights_only=True)`` reads it.
 ``torch.load`` does not verify its zip records' CRCs, hence the checksum (CRC-32 of every
@@ -51,7 +51,7 @@ from .plan import ADAMW
 from .state import CONSTANTS, constants, init, mark_static
 
 FORMAT = "dash_fn.state"
-VERSION = 3
+VERSION = 4
 CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(DashConfig))
 GROUP_FIELDS = ("A", "Gt", "M")
 

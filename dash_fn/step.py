@@ -276,7 +276,8 @@ def _bases_before(ctx: _Step) -> list:
 
 
 def _bases(ctx: _Step, group, side, blocks: torch.Tensor | None) -> torch.Tensor:
-    """The stored bases (``Fbar``) of a group's ``blocks`` (None: all) on one side."""
+    """The group's stored ``Fbar`` (bases, or inverse roots) of ``blocks`` (None: all, a view)
+    on one side."""
     bases = ctx.state["factors", str(side.stack), "Fbar"][side.offset : side.offset + group.count]
     return bases if blocks is None else bases.index_select(0, blocks)
 
@@ -352,7 +353,7 @@ def _refreshed(ctx: _Step, group, side) -> torch.Tensor:
     """The group's slice of a factor stack's refreshed matrices ``Fbar`` (inverse roots, or
     eigenbases under the eigenvalue-corrected preconditioner), widened to the state dtype
     (:mod:`dash_fn.storage`)."""
-    return ctx.state["factors", str(side.stack), "Fbar"][side.offset : side.offset + group.count].to(ctx.local.dtype)
+    return _bases(ctx, group, side, None).to(ctx.local.dtype)
 
 
 def _corrected_direction(ctx: _Step, g: int, G: torch.Tensor) -> torch.Tensor:

@@ -129,7 +129,7 @@ def test_state_file_holds_primitives_and_tensors_only(tmp_path):
     state = dash_fn.init(params, dash_fn.DashConfig(block_size=16, solver="ndb", start_prec_step=math.inf))
     dash_fn.save_state(tmp_path / "state.pt", state)
     blob = torch.load(tmp_path / "state.pt", weights_only=True)
-    assert (blob["format"], blob["version"]) == ("dash_fn.state", 3)
+    assert (blob["format"], blob["version"]) == ("dash_fn.state", 4)
     assert blob["config"]["start_prec_step"] == math.inf and blob["config"]["solver"] == "ndb"
     entry = blob["state"]["square"]
     assert (entry["shape"], entry["dtype"], entry["batch_dims"]) == ([32, 32], "float32", 0)
@@ -281,7 +281,7 @@ def test_damaged_or_foreign_files_raise_clear_errors(tmp_path):
     blob = torch.load(good, weights_only=True)
     for change, match in [
         ({"format": "other"}, "not a dash_fn state"),
-        ({"version": 2}, "version 2; this dash_fn reads version 3 .*unreleased development versions"),
+        ({"version": 3}, "version 3; this dash_fn reads version 4 .*unreleased development versions"),
         ({"checksum": None}, "checksum does not match"),
     ]:
         torch.save({**blob, **change}, tmp_path / "changed.pt")

@@ -107,8 +107,8 @@ MUTATIONS = [
     Mutation(
         "step: no bias correction of the gradient EMA",
         "dash_fn/forms.py",
-        "D = N / denom if cG is None else (N / cG).div_(denom)",
-        "D = N / denom",
+        "D = Gt / denom if cG is None else (Gt / cG).div_(denom)",
+        "D = Gt / denom",
         ("tests/test_adam_oracle.py",),
     ),
     Mutation(

@@ -226,7 +226,6 @@ def test_a_nonfinite_step_changes_nothing():
 def test_a_stack_lapack_cannot_decompose_is_decomposed_in_float64(monkeypatch):
     """The CPU eigenbasis retries in float64 where LAPACK reports no convergence (as MKL's
     ssyevd did on a factor with many zero rows): the refresh never ends a run."""
-    from dash_fn.roots import basis
 
     calls = []
     eigh = torch.linalg.eigh
@@ -241,9 +240,9 @@ def test_a_stack_lapack_cannot_decompose_is_decomposed_in_float64(monkeypatch):
     Y[:, 5:] = 0  # an embedding's factor: rows of tokens never seen
     X = Y @ Y.mT
     want = eigenbasis(X.double()).float()
-    monkeypatch.setattr(basis.torch.linalg, "eigh", failing_in_float32)
+    monkeypatch.setattr(torch.linalg, "eigh", failing_in_float32)
     Q = eigenbasis(X, cpu_ops=True)
-    assert calls == [torch.float32, torch.float64]
+    assert calls.count(torch.float32) == calls.count(torch.float64) >= 1  # each part (thread) retried
     assert torch.allclose(Q[:, :, :5].abs(), want[:, :, :5].abs(), atol=1e-5)  # the nonzero eigenvalues' vectors
     assert torch.allclose(Q.mT @ Q, torch.eye(16).expand(3, 16, 16), atol=1e-5)
 

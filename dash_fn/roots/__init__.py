@@ -59,7 +59,7 @@ def prepare(config: DashConfig, strategy: Strategy) -> None:
     start what the solver's form needs before a step runs: the CPU eigh op's threads."""
     solver = resolve_solver(config, strategy)
     check_solver_options(config, solver)
-    if solver == "eigh" and strategy.cpu_ops and config.preconditioner == "shampoo":
+    if solver == "eigh" and strategy.cpu_ops:
         start_workers()
 
 

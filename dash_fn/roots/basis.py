@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from .eigh import pad_aligned
+from .eigh_cpu import eigenvectors
 from .identity import diagonal, shifted
 
 # A relative shift of each normalized factor: eigenvectors unchanged, and exact zeros broken up
@@ -29,31 +30,15 @@ def eigenbasis(X: torch.Tensor, cpu_ops: bool = False) -> torch.Tensor:
     PSD X, eigenvalues in [SHIFT, b + SHIFT]), and, where its rows are not whole 64-byte lines,
     embedded in an aligned ``diag(., -I)`` (below every eigenvalue), so that its result does
     not depend on its position in the stack (:func:`pad_aligned`); its eigenvectors are then
-    the last b columns' top b rows. ``cpu_ops``: by :func:`cpu_eigenvectors`, which retries a
-    stack LAPACK cannot decompose in float64. ``torch.linalg.eigh`` reads its error flags on
-    the host: one sync per call on a GPU."""
+    the last b columns' top b rows. ``cpu_ops``: by the CPU's threaded op
+    (:func:`dash_fn.roots.eigh_cpu.eigenvectors`), which retries in float64 what LAPACK cannot
+    decompose. ``torch.linalg.eigh`` reads its error flags on the host: one sync per call on a
+    GPU."""
     b = X.shape[-1]
     peak = diagonal(X).abs().amax(dim=-1, keepdim=True).clamp_min(torch.finfo(X.dtype).tiny)
     padded = pad_aligned(shifted(X / peak[..., None], SHIFT), -1.0)
-    Q = cpu_eigenvectors(padded) if cpu_ops else torch.linalg.eigh(padded).eigenvectors
+    Q = eigenvectors(padded) if cpu_ops else torch.linalg.eigh(padded).eigenvectors
     return Q[..., :b, Q.shape[-1] - b :].flip(-1).contiguous()
-
-
-@torch.library.custom_op("dash_fn::cpu_eigenvectors", mutates_args=())
-def cpu_eigenvectors(X: torch.Tensor) -> torch.Tensor:
-    """``torch.linalg.eigh(X).eigenvectors`` of a CPU stack, again in float64 should LAPACK
-    not converge (rounded back): a refresh never ends a run. An op opaque to torch.compile, so
-    that the retry happens inside a compiled step too."""
-    try:
-        Q = torch.linalg.eigh(X).eigenvectors
-    except torch.linalg.LinAlgError:
-        Q = torch.linalg.eigh(X.double()).eigenvectors.to(X.dtype)
-    return Q.contiguous()  # LAPACK's column-major layout, made the layout the fake op promises
-
-
-@cpu_eigenvectors.register_fake
-def _(X: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(X)
 
 
 def qr_basis(X: torch.Tensor, Q: torch.Tensor, steps: int) -> torch.Tensor:

@@ -1,5 +1,6 @@
-"""The CPU's eigh root: :func:`dash_fn.roots.eigh.eigh_inverse_root` of a stack, its blocks
-solved side by side in threads.
+"""The CPU's eigh: :func:`dash_fn.roots.eigh.eigh_inverse_root` of a stack, and the
+eigenvectors of the eigenvalue-corrected preconditioner's bases, its blocks solved side by side
+in threads.
 
 torch's batched CPU eigh runs LAPACK on one block after another, and LAPACK's own threads
 barely help at these sizes, while one eigh per core runs them side by side (the figures:
@@ -83,15 +84,47 @@ def eigh_root(X: torch.Tensor, p: int, eps: float, heuristic: str, eps_rel: floa
             else:  # X's root is the top-left corner
                 out[blocks] = spectral_root(mu, Q, p, eps, heuristic, eps_rel)[..., :b, :b]
 
-    threads = min(torch.get_num_threads(), X.shape[0])
-    if threads <= 1:
-        solve(slice(0, X.shape[0]))
-        return out
-    bounds = [round(i * X.shape[0] / threads) for i in range(threads + 1)]
-    list(_workers(threads).map(solve, [slice(lo, hi) for lo, hi in zip(bounds, bounds[1:])]))
+    _in_parts(X.shape[0], solve)
     return out
 
 
 @eigh_root.register_fake
 def _(X: torch.Tensor, p: int, eps: float, heuristic: str, eps_rel: float) -> torch.Tensor:
     return torch.empty_like(X)
+
+
+@torch.library.custom_op("dash_fn::cpu_eigenvectors", mutates_args=())
+def eigenvectors(X: torch.Tensor) -> torch.Tensor:
+    """``torch.linalg.eigh(X).eigenvectors`` of every block of a CPU stack (the module doc says
+    how), a part again in float64 should LAPACK not converge (rounded back): a refresh never
+    ends a run. An op opaque to torch.compile, so that the retry happens inside a compiled step
+    too."""
+    out = torch.empty_like(X)  # row-major, as the fake promises (LAPACK's own are column-major)
+    chunk = max(1, CPU_CHUNK_ELEMENTS // (X.shape[-1] * X.shape[-1]))
+
+    def solve(part: slice) -> None:
+        for lo in range(part.start, part.stop, chunk):
+            blocks = slice(lo, min(lo + chunk, part.stop))
+            try:
+                out[blocks] = torch.linalg.eigh(X[blocks]).eigenvectors
+            except torch.linalg.LinAlgError:
+                out[blocks] = torch.linalg.eigh(X[blocks].double()).eigenvectors
+
+    _in_parts(X.shape[0], solve)
+    return out
+
+
+@eigenvectors.register_fake
+def _(X: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(X)
+
+
+def _in_parts(count: int, solve) -> None:
+    """``solve(part)`` for one slice of ``range(count)`` per torch thread, side by side in the
+    workers (in the caller's thread where one thread serves)."""
+    threads = min(torch.get_num_threads(), count)
+    if threads <= 1:
+        solve(slice(0, count))
+        return
+    bounds = [round(i * count / threads) for i in range(threads + 1)]
+    list(_workers(threads).map(solve, [slice(lo, hi) for lo, hi in zip(bounds, bounds[1:])]))

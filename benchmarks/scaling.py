@@ -100,8 +100,9 @@ OPTIMIZERS = {
     # the mode on top of today's defaults: Nesterov's look-ahead of the gradient EMA rotated
     "dash-ec-nesterov": ("dash-defaults", ["--dash", "preconditioner=eigenvalue_corrected"]),
     # the same with orthogonal-iteration bases (one step per refresh from the previous basis, as
-    # off the CPU): the cheaper refresh, is its loss the same?
+    # off the CPU; qr2: two steps): how much of eigh's loss do they keep?
     "dash-ec-qr": ("dash-defaults", ["--dash", "preconditioner=eigenvalue_corrected", "solver=qr"]),
+    "dash-ec-qr2": ("dash-defaults", ["--dash", "preconditioner=eigenvalue_corrected", "solver=qr", "qr_steps=2"]),
     "dash-ec-freq3": (
         "dash-defaults",
         ["--dash", "preconditioner=eigenvalue_corrected", "nesterov_G=false", "inv_root_freq=3"],

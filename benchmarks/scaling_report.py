@@ -5,6 +5,7 @@ batches."""
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from pathlib import Path
 
@@ -199,6 +200,7 @@ def plot(sizes: list[str], folder: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgb
 
     folder.mkdir(parents=True, exist_ok=True)
 
@@ -227,17 +229,33 @@ def plot(sizes: list[str], folder: Path) -> None:
     fig.savefig(folder / "scaling_steps.png", dpi=120)
     plt.close(fig)
 
-    fig, axes = plt.subplots(1, len(sizes), figsize=(4.5 * len(sizes), 4), squeeze=False)
+    # every swept label keeps one color in every panel, and one legend serves them all
+    seed0 = {size: [r for r in load(size) if r["seed"] == 0] for size in sizes}
+    curves = {
+        (size, label): sorted((r["lr"], r["val_loss"][-1]) for r in runs if r["optimizer"] == label)
+        for size, runs in seed0.items()
+        for label in dict.fromkeys(r["optimizer"] for r in runs)
+    }
+    curves = {key: points for key, points in curves.items() if len(points) > 1}
+    # the fixed colors' tab10 shades left out of tab20, and a dashed line once the rest run out
+    fixed = {to_rgb(c) for c in COLORS.values()}
+    palette = [c for c in plt.get_cmap("tab20").colors if to_rgb(c) not in fixed]
+    others = ((color, style) for style in itertools.cycle(("-", "--", ":")) for color in palette)
+    styles = {
+        label: (COLORS[label], "-") if label in COLORS else next(others)
+        for label in sorted({label for _, label in curves})
+    }
+    fig, axes = plt.subplots(1, len(sizes), figsize=(4.5 * len(sizes), 5.5), squeeze=False)
     for ax, size in zip(axes[0], sizes):
-        runs = [r for r in load(size) if r["seed"] == 0]
-        for label in dict.fromkeys(r["optimizer"] for r in runs):
-            points = sorted((r["lr"], r["val_loss"][-1]) for r in runs if r["optimizer"] == label)
-            if len(points) > 1:
-                ax.plot(*zip(*points), marker="o", label=label, color=COLORS.get(label))
+        for (at, label), points in curves.items():
+            if at == size:
+                color, style = styles[label]
+                ax.plot(*zip(*points), marker="o", label=label, color=color, linestyle=style)
         ax.set(xscale="log", xlabel="peak learning rate", ylabel="final validation loss", title=f"size {size}")
         ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
+    handles = {h.get_label(): h for ax in axes[0] for h in ax.get_lines()}
+    fig.legend([handles[k] for k in sorted(handles)], sorted(handles), loc="lower center", ncol=6, fontsize="small")
+    fig.tight_layout(rect=(0, 0.2, 1, 1))
     fig.savefig(folder / "scaling_sweeps.png", dpi=120)
     plt.close(fig)
     written = [folder / "scaling_steps.png", folder / "scaling_sweeps.png"]

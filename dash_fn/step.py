@@ -259,13 +259,11 @@ def _refresh_slice(ctx: _Step, k: int) -> None:
 
 
 def _bases_before(ctx: _Step) -> list:
-    """``[(g, blocks, bases)]``: for each group with an eigenbasis, the blocks this step may
-    refresh (the staggered schedule's due blocks; None: all) and their bases before it, one
-    per side (None for a side without a basis)."""
+    """``[(g, blocks, bases)]``: for each group, the blocks this step may refresh (the
+    staggered schedule's due blocks; None: all) and their bases before it, one per side (None
+    for a side without a basis)."""
     found = []
     for g, group in enumerate(ctx.local.groups):
-        if group.left is None and group.right is None:
-            continue
         blocks = None
         if ctx.config.refresh_schedule == "staggered":
             blocks = due_blocks(ctx.state[DUE_BLOCKS_KEY, str(g)], ctx.t, ctx.config)

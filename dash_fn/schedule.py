@@ -103,15 +103,11 @@ def stagger_tables(plan: Plan, shard, period: int, device) -> dict:
     factor stacks (blocks: of the whole model)."""
     local = shard.local
     phases: list[list[int]] = [[0] * stack.count for stack in local.factors]
-    numbers_of_groups = block_numbers(plan, shard)
+    numbers_of_groups, count = _numbers_and_rows(plan, shard, period)
     for group, numbers in zip(local.groups, numbers_of_groups):
         for side in group.factor_sides:
             for q, n in enumerate(numbers):
                 phases[side.stack][side.offset + q] = n % period
-    # phases past the last block's number (period > blocks) have no block: rows up to it suffice
-    # (due_slice clamps the phase, and its comparison finds nothing due), so the tables stay
-    # within the number of blocks however large the period (inv_root_freq=10**9: never again)
-    count = min(period, 1 + max((n for numbers in numbers_of_groups for n in numbers), default=0))
     tables = {}
     for k, phase in enumerate(phases):
         rows: list[list[int]] = [[] for _ in range(count)]
@@ -132,8 +128,7 @@ def due_block_tables(plan: Plan, shard, period: int, device) -> dict:
     phase holds), so that a row's entries are distinct. Where a group's blocks are refreshed
     (both sides at their phase) the eigenvalue-corrected preconditioner rotates their gradient
     EMAs into the new bases; a padding block's bases are unchanged, so it is left as it is."""
-    numbers_of_groups = block_numbers(plan, shard)
-    count = min(period, 1 + max((n for numbers in numbers_of_groups for n in numbers), default=0))
+    numbers_of_groups, count = _numbers_and_rows(plan, shard, period)
     tables = {}
     for g, numbers in enumerate(numbers_of_groups):
         rows = [[q for q, n in enumerate(numbers) if n % period == j] for j in range(count)]
@@ -144,6 +139,16 @@ def due_block_tables(plan: Plan, shard, period: int, device) -> dict:
         ]
         tables[str(g)] = torch.tensor(padded, dtype=torch.int64, device=device).reshape(count, width)
     return tables
+
+
+def _numbers_and_rows(plan: Plan, shard, period: int) -> tuple[list[list[int]], int]:
+    """The blocks' numbers (:func:`block_numbers`) and the tables' row count: phases past the
+    last block's number (period > blocks) have no block, so rows up to it suffice (the lookups
+    clamp the phase, and nothing is due there), and the tables stay within the number of
+    blocks however large the period (inv_root_freq=10**9: never again)."""
+    numbers_of_groups = block_numbers(plan, shard)
+    count = min(period, 1 + max((n for numbers in numbers_of_groups for n in numbers), default=0))
+    return numbers_of_groups, count
 
 
 def due_slice(tables, t: torch.Tensor, config: DashConfig) -> tuple[torch.Tensor, torch.Tensor]:

@@ -72,19 +72,16 @@ def eigh_root(X: torch.Tensor, p: int, eps: float, heuristic: str, eps_rel: floa
     count is read when it runs."""
     out = torch.empty_like(X)
     b = X.shape[-1]
-    chunk = max(1, CPU_CHUNK_ELEMENTS // (b * b))
 
-    def solve(part: slice) -> None:
-        for lo in range(part.start, part.stop, chunk):
-            blocks = slice(lo, min(lo + chunk, part.stop))
-            padded = pad_aligned(shifted(X[blocks], eps))
-            mu, Q = torch.linalg.eigh(padded)
-            if padded.shape[-1] == b:
-                spectral_root(mu, Q, p, eps, heuristic, eps_rel, out=out[blocks])
-            else:  # X's root is the top-left corner
-                out[blocks] = spectral_root(mu, Q, p, eps, heuristic, eps_rel)[..., :b, :b]
+    def solve(blocks: slice) -> None:
+        padded = pad_aligned(shifted(X[blocks], eps))
+        mu, Q = torch.linalg.eigh(padded)
+        if padded.shape[-1] == b:
+            spectral_root(mu, Q, p, eps, heuristic, eps_rel, out=out[blocks])
+        else:  # X's root is the top-left corner
+            out[blocks] = spectral_root(mu, Q, p, eps, heuristic, eps_rel)[..., :b, :b]
 
-    _in_parts(X.shape[0], solve)
+    _in_chunks(X, solve)
     return out
 
 
@@ -100,17 +97,14 @@ def eigenvectors(X: torch.Tensor) -> torch.Tensor:
     ends a run. An op opaque to torch.compile, so that the retry happens inside a compiled step
     too."""
     out = torch.empty_like(X)  # row-major, as the fake promises (LAPACK's own are column-major)
-    chunk = max(1, CPU_CHUNK_ELEMENTS // (X.shape[-1] * X.shape[-1]))
 
-    def solve(part: slice) -> None:
-        for lo in range(part.start, part.stop, chunk):
-            blocks = slice(lo, min(lo + chunk, part.stop))
-            try:
-                out[blocks] = torch.linalg.eigh(X[blocks]).eigenvectors
-            except torch.linalg.LinAlgError:
-                out[blocks] = torch.linalg.eigh(X[blocks].double()).eigenvectors
+    def solve(blocks: slice) -> None:
+        try:
+            out[blocks] = torch.linalg.eigh(X[blocks]).eigenvectors
+        except torch.linalg.LinAlgError:
+            out[blocks] = torch.linalg.eigh(X[blocks].double()).eigenvectors
 
-    _in_parts(X.shape[0], solve)
+    _in_chunks(X, solve)
     return out
 
 
@@ -119,12 +113,20 @@ def _(X: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(X)
 
 
-def _in_parts(count: int, solve) -> None:
-    """``solve(part)`` for one slice of ``range(count)`` per torch thread, side by side in the
-    workers (in the caller's thread where one thread serves)."""
+def _in_chunks(X: torch.Tensor, solve) -> None:
+    """``solve(blocks)`` over the stack ``X`` in slices of :data:`CPU_CHUNK_ELEMENTS`: one part
+    of the stack per torch thread, side by side in the workers (in the caller's thread where one
+    thread serves), each part a chunk at a time."""
+    count = X.shape[0]
+    chunk = max(1, CPU_CHUNK_ELEMENTS // (X.shape[-1] * X.shape[-1]))
+
+    def solve_part(part: slice) -> None:
+        for lo in range(part.start, part.stop, chunk):
+            solve(slice(lo, min(lo + chunk, part.stop)))
+
     threads = min(torch.get_num_threads(), count)
     if threads <= 1:
-        solve(slice(0, count))
+        solve_part(slice(0, count))
         return
     bounds = [round(i * count / threads) for i in range(threads + 1)]
-    list(_workers(threads).map(solve, [slice(lo, hi) for lo, hi in zip(bounds, bounds[1:])]))
+    list(_workers(threads).map(solve_part, [slice(lo, hi) for lo, hi in zip(bounds, bounds[1:])]))

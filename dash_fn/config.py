@@ -19,6 +19,7 @@ GRAFTINGS = ("adam", "adagrad", "rms", "spectral")
 ONE_DIM = ("adamw", "shampoo")
 REFRESH_SCHEDULES = ("staggered", "periodic")
 DTYPES = ("float32", "bfloat16", "float16")
+PRECISIONS = ("auto", "float32", "tf32", "bfloat16", "float16")  # dash_fn.roots.matmul
 STORAGE_FIELDS = ("factor_dtype", "root_dtype", "grad_ema_dtype", "graft_dtype")
 
 
@@ -86,8 +87,6 @@ class DashConfig:
         - ``ndb_tol`` = 1e-6, > 0, and ``ndb_masking`` = False: the same for NDB, on max|ZY - I|.
         - ``cheb_degree`` = 60, int >= 2, and ``cheb_eps`` = 1e-3, > 0: Chebyshev degree d
           (d - 1 products) and relative shift delta: the root of ``X + delta s I`` (5.4).
-        - ``matmul_dtype`` = "float32": "float32", "bfloat16" or "float16", the rounding of
-          the matmul solvers' operands; accumulation stays in the state dtype (5.5).
 
     Scaling:
         For the matmul solvers only; eigh needs none.
@@ -141,6 +140,16 @@ class DashConfig:
           Shampoo segments of block_size). Fixes the state's layout.
         - ``adamw_beta1`` = 0.9 and ``adamw_beta2`` = 0.95, in [0, 1), and ``adamw_eps`` =
           1e-8, > 0: AdamW's betas and eps for vectors.
+
+    Precision:
+        - ``precision`` = "float32": the operands of the step's large matrix products (factor
+          products, root and basis iterations, preconditioning products, eigenvalue-corrected
+          rotations): "float32", "tf32", "bfloat16" or "float16", with float32 accumulation
+          and float32 state either way; or "auto", per device: "bfloat16" on GPUs and on CPUs
+          with bf16 matrix units (AMX, AVX-512 BF16), "float32" elsewhere (results then
+          differ across hardware by 16-bit rounding). A part unstable in a precision keeps
+          float32 (NDB under 16 bits, coupled Newton under bfloat16). Off a GPU, a precision
+          the CPU lacks is emulated: its numerics, not its speed (5.5, dash_fn.roots.matmul).
 
     Storage:
         None keeps the state dtype, float32 for float32 parameters (3.5).
@@ -199,7 +208,6 @@ class DashConfig:
     eps_power_iter: float = 1e-6
     scaling_dtype: str = "float32"
     scaling_seed: int = 0
-    matmul_dtype: str = "float32"
     beta_G: float = 0.9
     beta_LR: float = 0.95
     beta_graft: float = 0.95
@@ -219,6 +227,7 @@ class DashConfig:
     adamw_eps: float = 1e-8
     comm_dtype: str | None = None  # distributed directions travel in the state dtype, or "bfloat16"
     fsdp_blocks: str = "exact"  # FSDP2 shards: blocks as in one process ("exact") or cut at shard edges ("local")
+    precision: str = "float32"
     factor_dtype: str | None = None  # storage dtypes (dash_fn.storage); None: the state dtype
     root_dtype: str | None = None
     grad_ema_dtype: str | None = None
@@ -246,7 +255,7 @@ class DashConfig:
         _check_choice(self, "eigh_heuristic", EIGH_HEURISTICS)
         _check_choice(self, "grafting", GRAFTINGS)
         _check_choice(self, "one_dim", ONE_DIM)
-        _check_choice(self, "matmul_dtype", DTYPES)
+        _check_choice(self, "precision", PRECISIONS)
         _check_choice(self, "scaling_dtype", ("float32", "float64"))
         _check_choice(self, "comm_dtype", (None, "bfloat16"))
         for name in STORAGE_FIELDS:

@@ -14,7 +14,8 @@ depends on the device. Two sets:
   a staggered slice that is not due skipped.
 
 Each host form computes what its device form computes, to within rounding, block by block, so
-that a rank holding part of a stack gets the bits of one process.
+that a rank holding part of a stack gets the bits of one process. Both multiply in the config's
+precision, in the device's kernel (:class:`dash_fn.roots.matmul.Products`, also chosen once).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 from . import guard
 from .config import DashConfig
 from .guard import Guard
-from .roots.matmul import aligned_width, stacked_matmul
+from .roots.matmul import PLAIN, Products, aligned_width
 from .roots.scaling import frobenius_scale
 from .storage import ema_, stored_dtype
 from .strategy import Strategy
@@ -46,8 +47,9 @@ def factor_sides(group, G: torch.Tensor) -> list:
 class DeviceForms:
     """Sync-free forms: what an accelerator runs, and every traced step."""
 
-    def __init__(self, strategy: Strategy):
+    def __init__(self, strategy: Strategy, products: Products = PLAIN):
         self.strategy = strategy
+        self.products = products
 
     def holds(self, flags: torch.Tensor) -> bool:
         """Whether every flag is known, without a sync, to hold (:meth:`Strategy.holds`)."""
@@ -62,7 +64,7 @@ class DeviceForms:
         ``skip_nonfinite``, whether the AdamW ``vectors``' gradients and every product are
         finite on every rank (:func:`dash_fn.guard.all_finite`)."""
         products = [
-            [(side, stacked_matmul(a, b)) for side, a, b in factor_sides(group, G)]
+            [(side, self.products.of("factors")(a, b)) for side, a, b in factor_sides(group, G)]
             for group, G in zip(shard.local.groups, blocks)
         ]
         if not config.skip_nonfinite:
@@ -130,12 +132,15 @@ class HostForms(DeviceForms):
         """As the device form, but where no product can overflow (or unguarded) the factor EMAs
         run inside their products: the product's operands ``(a, b)`` stand for it (rows of
         whole 64-byte lines; else MKL rounds by position, :func:`stacked_matmul`); and a
-        step that is not finite is known here, so it is skipped rather than masked."""
-        if stored_dtype(config, "F", shard.local.dtype) == shard.local.dtype and (
-            not config.skip_nonfinite or bool(shard.all_ranks(products_bounded(vectors, blocks)))
+        step that is not finite is known here, so it is skipped rather than masked. (A
+        precision below float32 multiplies in its own kernel, outside the EMA.)"""
+        if (
+            self.products is PLAIN
+            and stored_dtype(config, "F", shard.local.dtype) == shard.local.dtype
+            and (not config.skip_nonfinite or bool(shard.all_ranks(products_bounded(vectors, blocks))))
         ):
             products = [
-                [(side, (a, b) if _whole_lines(a) else stacked_matmul(a, b)) for side, a, b in factor_sides(group, G)]
+                [(side, (a, b) if _whole_lines(a) else PLAIN(a, b)) for side, a, b in factor_sides(group, G)]
                 for group, G in zip(shard.local.groups, blocks)
             ]
             return products, Guard()
@@ -200,9 +205,9 @@ class HostForms(DeviceForms):
         return torch.add(X, update, alpha=-float(lr))
 
 
-def forms_for(strategy: Strategy) -> DeviceForms:
-    """The forms a call under ``strategy`` runs."""
-    return HostForms(strategy) if strategy.host_reads else DeviceForms(strategy)
+def forms_for(strategy: Strategy, products: Products = PLAIN) -> DeviceForms:
+    """The forms a call under ``strategy`` runs, multiplying with ``products``."""
+    return HostForms(strategy, products) if strategy.host_reads else DeviceForms(strategy, products)
 
 
 def _whole_lines(a: torch.Tensor) -> bool:

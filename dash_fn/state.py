@@ -16,6 +16,7 @@ from .distributed.fsdp import check_dtensors, local_shape
 from .inputs import check_params, flatten
 from .plan import Plan, make_plan
 from .roots import prepare, resolve_solver, start_vectors, uses_start_vectors
+from .roots.matmul import products_for
 from .schedule import DUE_BLOCKS_KEY, SCHEDULE_KEY, due_block_tables, stagger_tables, staggers
 from .storage import stored_dtype
 from .strategy import for_device
@@ -260,27 +261,14 @@ def _warn_about_mixed_precision(specs) -> None:
 
 
 def _warn_about_precision(config: DashConfig, device: torch.device) -> None:
-    """Warn about 16-bit solver products that are unstable (NDB) or emulated (off CUDA/XPU).
-
-    Off CUDA/XPU, torch has no 16-bit product with float32 accumulation, and CPU 16-bit bmm is
-    far slower than float32 (float16 worst), so dash_fn.roots.matmul rounds the operands and
-    multiplies in float32: 16-bit numerics at float32 speed. That is allowed (it reproduces GPU
-    numerics), but never what someone choosing 16 bits for speed wants, hence the warning.
-    """
-    solver = resolve_solver(config, for_device(device))
-    if solver == "eigh" or config.matmul_dtype == "float32":
-        return
-    if solver in ("ndb", "cn"):
+    """Warn where an explicit precision is emulated (:mod:`dash_fn.roots.matmul`): its numerics
+    at float32 speed, never what someone choosing 16 bits or TF32 for speed wants. ("auto" never
+    emulates: it picks float32 where the device has no faster form.)"""
+    products = products_for(config.precision, device)
+    if products.kernel == "emulated":
         warnings.warn(
-            f"{solver.upper()} with matmul_dtype={config.matmul_dtype} is reported unstable "
-            "(the DASH paper ran the Newton iterations in float32 only; docs/ALGORITHM.md 5.5)",
-            stacklevel=3,
-        )
-    if device.type not in ("cuda", "xpu"):
-        warnings.warn(
-            f"matmul_dtype={config.matmul_dtype} on {device.type}: torch has no {config.matmul_dtype} product with "
-            f"float32 accumulation there and native {config.matmul_dtype} bmm on CPU is 20-400x slower than float32, "
-            f"so the {solver} solver rounds its operands to {config.matmul_dtype} and multiplies in float32 "
-            "(16-bit numerics, no speed-up); use matmul_dtype='float32' off the GPU",
+            f"precision={config.precision!r} on {device.type}: this device has no {config.precision} matrix unit "
+            "that torch can use, so the products' operands are rounded and multiplied in float32 (the numerics "
+            f"of {config.precision}, no speed-up); use precision='auto' or 'float32' here for speed",
             stacklevel=3,
         )

@@ -19,7 +19,7 @@ from .guard import Guard
 from .inputs import check_step_inputs, flatten, order_like_plan, rebuild
 from .plan import ADAMW, EMPTY, SEGMENTS, Plan
 from .roots import refresh_roots
-from .roots.matmul import stacked_matmul
+from .roots.matmul import products_for
 from .roots.scaling import root, spectral_norm_estimate
 from .schedule import DUE_BLOCKS_KEY, SCHEDULE_KEY, due_blocks, due_slice, has_root, is_refresh_step, periodic_due
 from .strategy import for_device
@@ -98,7 +98,8 @@ def step(params, grads, state: TensorDict, *, lr, refresh: bool | None = None):
             "step's number t counted on the host"
         )
     with torch.no_grad():
-        new = _apply(forms_for(strategy), plan, shard, config, state, ordered_params, ordered_grads, lr, refresh)
+        forms = forms_for(strategy, products_for(config.precision, state["step"].device, shard.local.dtype))
+        new = _apply(forms, plan, shard, config, state, ordered_params, ordered_grads, lr, refresh)
         updated = dict(zip(plan.names, new))
     return rebuild(params, keys, [like(x, updated[n]) for n, x in zip(names, param_list)]), state
 
@@ -230,7 +231,7 @@ def _refresh_stack(ctx: _Step, k: int) -> None:
     entry, stack, dtype = ctx.state["factors", str(k)], ctx.local.factors[k], ctx.local.dtype
     F, old = entry["F"].to(dtype), entry["Fbar"].to(dtype)
     p = _root_order(ctx.config, stack.order)
-    roots, fell_back = refresh_roots(F, old, p, ctx.config, _start_vectors(ctx, stack), ctx.forms.strategy)
+    roots, fell_back = _refresh_roots(ctx, F, old, p, stack)
     entry["Fbar"].copy_(roots)
     entry["fallbacks"].add_(fell_back)
 
@@ -251,11 +252,17 @@ def _refresh_slice(ctx: _Step, k: int) -> None:
     old = entry["Fbar"].index_select(0, solved).to(dtype)
     F = entry["F"].index_select(0, solved).to(dtype)
     p = _root_order(ctx.config, stack.order)
-    roots, fell_back = refresh_roots(F, old, p, ctx.config, _start_vectors(ctx, stack), ctx.forms.strategy)
+    roots, fell_back = _refresh_roots(ctx, F, old, p, stack)
     roots = ctx.forms.select(due[:, None, None], roots, old)
     entry["Fbar"].index_copy_(0, solved, roots.to(entry["Fbar"].dtype))
     fallbacks = entry["fallbacks"]
     fallbacks.index_copy_(0, solved, fallbacks.index_select(0, solved) + (fell_back & due))
+
+
+def _refresh_roots(ctx: _Step, F: torch.Tensor, old: torch.Tensor, p: int, stack):
+    """New roots (or bases) of factors ``F`` of a stack, keeping ``old`` where a refresh fails."""
+    start = _start_vectors(ctx, stack)
+    return refresh_roots(F, old, p, ctx.config, start, ctx.forms.strategy, ctx.forms.products)
 
 
 def _bases_before(ctx: _Step) -> list:
@@ -293,10 +300,8 @@ def _rotate_gradient_ema(ctx: _Step, g: int, blocks: torch.Tensor | None, before
         new = _bases(ctx, group, side, blocks)
         changed = (new != old).flatten(1).any(1)
         Q_old, Q_new = old.to(dtype), new.to(dtype)
-        if is_left:
-            moved = stacked_matmul(Q_new.mT, stacked_matmul(Q_old, X))
-        else:
-            moved = stacked_matmul(stacked_matmul(X, Q_old.mT), Q_new)
+        rotate = ctx.forms.products.of("rotate")
+        moved = rotate(Q_new.mT, rotate(Q_old, X)) if is_left else rotate(rotate(X, Q_old.mT), Q_new)
         X = ctx.forms.select(changed[:, None, None], moved, X)
     if blocks is None:
         entry.copy_(X)
@@ -328,11 +333,11 @@ def _direction(ctx: _Step, g: int, Gt: torch.Tensor, D: torch.Tensor) -> torch.T
         D = D.mul_(graft / (norm(D) + 1e-16))  # D: this step's own temporary
     if s == math.inf:
         return D
-    U = Gt
+    U, precondition = Gt, ctx.forms.products.of("precondition")
     if group.left is not None:
-        U = stacked_matmul(_refreshed(ctx, group, group.left), U)
+        U = precondition(_refreshed(ctx, group, group.left), U)
     if group.right is not None:
-        U = stacked_matmul(U, _refreshed(ctx, group, group.right))
+        U = precondition(U, _refreshed(ctx, group, group.right))
     if group.diagonal_dim is not None:  # a thin block's long side (docs/ALGORITHM.md 2.5)
         A = ctx.state["groups", str(g), "A"].to(local.dtype)
         U = U * _diagonal_root(A, group.diagonal_dim, config.resolved_root_order, config.eps, config.eps_rel)
@@ -364,14 +369,15 @@ def _corrected_direction(ctx: _Step, g: int, G: torch.Tensor) -> torch.Tensor:
     group = ctx.local.groups[g]
     left = None if group.left is None else _refreshed(ctx, group, group.left)
     right = None if group.right is None else _refreshed(ctx, group, group.right)
+    rotate = ctx.forms.products.of("rotate")
     if left is not None:
-        G = stacked_matmul(left.mT, G)
+        G = rotate(left.mT, G)
     if right is not None:
-        G = stacked_matmul(G, right)
+        G = rotate(G, right)
     _, D = ctx.forms.adam_direction(ctx.config, ctx.state["groups", str(g)], G, ctx.corrections, ctx.t, ctx.guard)
     if left is not None:
-        D = stacked_matmul(left, D)
-    return D if right is None else stacked_matmul(D, right.mT)
+        D = rotate(left, D)
+    return D if right is None else rotate(D, right.mT)
 
 
 def _norm_and_target(ctx: _Step, group, D: torch.Tensor):

@@ -27,6 +27,7 @@ from dash_fn.roots.chebyshev import clenshaw, fit_coefficients
 from dash_fn.roots.cn import coupled_newton
 from dash_fn.roots.eigh import eigh_inverse_root
 from dash_fn.roots.identity import identity_matrix
+from dash_fn.roots.matmul import PLAIN, STAYS_FLOAT32, Products, cpu_has_bf16_units, products_for
 from dash_fn.roots.ndb import denman_beavers, ndb_root
 from dash_fn.strategy import for_device
 from dash_fn.utils import start_vectors
@@ -461,13 +462,21 @@ def test_diverging_blocks_are_flagged_and_fall_back(solver):
     assert int(fallbacks.sum()) == 1 and torch.equal(roots[0], old[0]) and torch.equal(roots[1], out[1])
 
 
+def emulated(precision):
+    """The products of ``precision`` as every device without its matrix unit runs them: rounded
+    operands, float32 products (the iteration itself in that precision, whatever :data:`STAYS_FLOAT32`
+    says of the part)."""
+    return Products(precision, "emulated")
+
+
 @pytest.mark.parametrize("solver", ["cn", "ndb"])
 def test_low_precision_divergence_is_flagged_not_returned(solver):
-    """bfloat16 operands on a condition-1e6 block: the iteration leaves its basin (reported
-    unstable); the block must come back as the NaN flag, never as finite garbage (1e36 before
-    the flag, which overflowed the preconditioned gradient)."""
+    """bfloat16 operands on a condition-1e6 block: the iteration leaves its basin (the reason these
+    solvers keep float32 under bfloat16); the block must come back as the NaN flag, never as
+    finite garbage (1e36 before the flag, which overflowed the preconditioned gradient)."""
     X = spd_stack(2, 32, 1e6, f32)
-    out = inverse_root(X, 4, floorless_config(solver=solver, newton_steps=20, matmul_dtype="bfloat16"))
+    config = floorless_config(solver=solver, newton_steps=20)
+    out = SOLVERS[solver](X, 4, config, start_vectors(32, config), emulated("bfloat16"))
     ok = torch.isfinite(out).all(dim=(-2, -1))
     assert (out[ok].abs().amax() < 1e3) if ok.any() else True
     assert not ok.all()
@@ -476,39 +485,58 @@ def test_low_precision_divergence_is_flagged_not_returned(solver):
 # --- low precision -------------------------------------------------------------------------
 
 # cond 1e1 / 1e2, p = 4, T = 10, fro: measured bf16 cn 1e-2 / 1e-2, ndb 4e-3 / 1e-2,
-# chebyshev 5e-3 / 1e-2; fp16 cn 1e-3 / 1e-3, ndb 5e-4 / 1e-3, chebyshev 1e-3 / 2e-3.
-LOW_PRECISION_BOUNDS = {"bfloat16": 5e-2, "float16": 6e-3}
+# chebyshev 5e-3 / 1e-2; fp16 cn 1e-3 / 1e-3, ndb 5e-4 / 1e-3, chebyshev 1e-3 / 2e-3; tf32 as fp16.
+LOW_PRECISION_BOUNDS = {"bfloat16": 5e-2, "float16": 6e-3, "tf32": 6e-3}
 
 
-@pytest.mark.parametrize("matmul_dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("precision", ["tf32", "bfloat16", "float16"])
 @pytest.mark.parametrize("solver", MATMUL_SOLVERS)
-def test_low_precision_operands(solver, matmul_dtype):
-    """16-bit operands, float32 accumulation and iterates: accurate to the operands' precision on
+def test_low_precision_operands(solver, precision):
+    """Rounded operands, float32 accumulation and iterates: accurate to the operands' precision on
     well-conditioned blocks, float32 results, and measurably different from float32 products."""
-    config = floorless_config(solver=solver, scaling="fro", matmul_dtype=matmul_dtype)
+    config = floorless_config(solver=solver, scaling="fro")
     for cond in (1e1, 1e2):
         X = spd_stack(4, 32, cond, f32)
-        out = inverse_root(X, 4, config)
+        out = SOLVERS[solver](X, 4, config, None, emulated(precision))
         assert out.dtype == f32
         err = rel_err(out, oracle(X, 4, config))
-        assert err < LOW_PRECISION_BOUNDS[matmul_dtype], (cond, err)
-        assert not torch.equal(out, inverse_root(X, 4, config.replace(matmul_dtype="float32")))
+        assert err < LOW_PRECISION_BOUNDS[precision], (cond, err)
+        assert not torch.equal(out, SOLVERS[solver](X, 4, config, None))
 
 
-@pytest.mark.parametrize("matmul_dtype", ["bfloat16", "float16"])
-def test_16_bit_products_on_cpu_warn_at_init(matmul_dtype):
-    """Off CUDA, 16-bit products are emulated (rounded operands, float32 product): init says so,
-    beside the warning that CN's iterations are reported unstable in 16 bits."""
+@pytest.mark.parametrize("precision", ["tf32", "bfloat16", "float16"])
+@pytest.mark.parametrize("solver", MATMUL_SOLVERS)
+def test_precision_setting_reaches_the_solver_unless_it_is_unstable_there(solver, precision):
+    """``inverse_root`` under ``precision`` runs the solver's products in it, except where the
+    solver keeps float32 (STAYS_FLOAT32): then its bits are float32's."""
+    config = floorless_config(solver=solver, scaling="fro")
+    X = spd_stack(4, 32, 1e2, f32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # emulated on this CPU
+        out = inverse_root(X, 4, config.replace(precision=precision))
+    stays = solver in STAYS_FLOAT32.get(precision, {})
+    if precision == "bfloat16" and cpu_has_bf16_units():  # the native kernel: another rounding
+        assert torch.equal(out, inverse_root(X, 4, config)) == stays
+    else:
+        assert torch.equal(out, SOLVERS[solver](X, 4, config, None, PLAIN if stays else emulated(precision)))
+        assert torch.equal(out, inverse_root(X, 4, config)) == stays
+
+
+@pytest.mark.parametrize("precision", ["tf32", "bfloat16", "float16"])
+def test_emulated_precision_warns_at_init(precision):
+    """A precision this CPU has no matrix unit for is emulated (rounded operands, float32
+    product): init says so; "auto" and "float32" never warn."""
     params = {"w": torch.zeros(8, 8)}
-    with pytest.warns(UserWarning) as record:
-        dash_fn.init(params, floorless_config(solver="cn", matmul_dtype=matmul_dtype))
+    emulated_here = products_for(precision, torch.device("cpu")).kernel == "emulated"
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        dash_fn.init(params, floorless_config(precision=precision))
     messages = [str(w.message) for w in record]
-    assert any(re.search(rf"matmul_dtype={matmul_dtype} on cpu.*no speed-up", m) for m in messages), messages
-    assert any(f"CN with matmul_dtype={matmul_dtype} is reported unstable" in m for m in messages), messages
+    assert any(re.search(rf"precision='{precision}' on cpu.*no speed-up", m) for m in messages) == emulated_here
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        dash_fn.init(params, floorless_config(solver="cn"))
-        dash_fn.init(params, floorless_config(solver="auto", matmul_dtype=matmul_dtype))  # eigh on CPU
+        dash_fn.init(params, floorless_config(precision="auto"))
+        dash_fn.init(params, floorless_config(precision="float32"))
 
 
 def test_auto_picks_eigh_on_cpu_and_a_matmul_solver_on_cuda():
@@ -562,23 +590,24 @@ def test_chebyshev_is_the_relatively_shifted_root(p):
 # --- compile, determinism, batch invariance ------------------------------------------------
 
 
-def _compiled_matches_eager(solver, backend, **changes):
+def _compiled_matches_eager(solver, backend, precision="float32", **changes):
     config = floorless_config(solver=solver, **changes)
     X = spd_stack(3, 16, 1e2, f32)
     V0 = start_vectors(16, config)
-    fn = lambda X, V0: SOLVERS[solver](X, 4, config, V0)
+    product = PLAIN if precision == "float32" else emulated(precision)
+    fn = lambda X, V0: SOLVERS[solver](X, 4, config, V0, product)
     compiled = torch.compile(fn, fullgraph=True, backend=backend)
     torch.testing.assert_close(compiled(X, V0), fn(X, V0), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(
-    "solver,matmul_dtype",
+    "solver,precision",
     [("eigh", "float32"), ("cn", "float32"), ("ndb", "float32"), ("chebyshev", "float32"), ("ndb", "bfloat16")],
 )
-def test_compiles_fullgraph(solver, matmul_dtype):
+def test_compiles_fullgraph(solver, precision):
     """Fixed trip counts, no host sync, no data-dependent Python branch: one graph (default
     iteration counts, masking on)."""
-    _compiled_matches_eager(solver, "aot_eager", matmul_dtype=matmul_dtype, ndb_masking=True)
+    _compiled_matches_eager(solver, "aot_eager", precision, ndb_masking=True)
 
 
 @pytest.mark.inductor
@@ -586,9 +615,7 @@ def test_compiles_fullgraph(solver, matmul_dtype):
 def test_compiles_with_inductor(solver):
     """Inductor keeps the 16-bit operand rounding (an opaque op: a fused to(bf16).to(fp32) pair
     would be elided). Short loops keep the gcc time down."""
-    _compiled_matches_eager(
-        solver, "inductor", matmul_dtype="bfloat16", ndb_masking=True, newton_steps=3, cheb_degree=6
-    )
+    _compiled_matches_eager(solver, "inductor", "bfloat16", ndb_masking=True, newton_steps=3, cheb_degree=6)
 
 
 @pytest.mark.parametrize("solver", MATMUL_SOLVERS)
@@ -675,10 +702,10 @@ def test_steps_with_the_cpu_eigh_op_set_no_thread_count(monkeypatch):
 
 
 COMBINATIONS = [
-    (solver, scaling, matmul_dtype)
+    (solver, scaling, precision)
     for solver in ("eigh", "auto", *MATMUL_SOLVERS)
     for scaling in ("fro", "pi", "pim")
-    for matmul_dtype in ("float32", "bfloat16", "float16")
+    for precision in ("float32", "tf32", "bfloat16", "float16")
 ]
 
 
@@ -688,15 +715,15 @@ def _finite_state(state):
     )
 
 
-@pytest.mark.filterwarnings("ignore:.*matmul_dtype")  # the 16-bit warnings have their own test
-@pytest.mark.parametrize("solver,scaling,matmul_dtype", COMBINATIONS, ids=["-".join(c) for c in COMBINATIONS])
-def test_step_runs_without_nan(solver, scaling, matmul_dtype):
-    """Every solver x scaling x matmul_dtype on the mixed-shape model (block_size 32): 2 steps
-    of random gradients leave finite params and state (16-bit NDB/bf16 CN fall back on their
-    ill-conditioned blocks, counted, never NaN); zero gradients at eps in {0, 1e-10} give an
-    exactly zero update (oracle 15)."""
+@pytest.mark.filterwarnings("ignore:precision=")  # the emulation warning has its own test
+@pytest.mark.parametrize("solver,scaling,precision", COMBINATIONS, ids=["-".join(c) for c in COMBINATIONS])
+def test_step_runs_without_nan(solver, scaling, precision):
+    """Every solver x scaling x precision on the mixed-shape model (block_size 32): 2 steps
+    of random gradients leave finite params and state (a block whose iteration fails falls
+    back, counted, never NaN); zero gradients at eps in {0, 1e-10} give an exactly zero update
+    (oracle 15)."""
     config = floorless_config(
-        solver=solver, scaling=scaling, matmul_dtype=matmul_dtype, block_size=32, refresh_schedule="periodic"
+        solver=solver, scaling=scaling, precision=precision, block_size=32, refresh_schedule="periodic"
     )  # every root refreshed on both steps
     params = mixed_params()
     state = dash_fn.init(params, config)

@@ -24,13 +24,14 @@ from .eigh import eigh_inverse_root
 from .eigh_cpu import eigh_root, start_workers
 from .identity import identity_matrix
 from .masking import finite_blocks
+from .matmul import PLAIN, Products, products_for
 from .ndb import ndb_inverse_root
 
-# solver name -> fn(X, p, config, start_vectors) -> X^{-1/p}, the device forms
-Solver = Callable[[torch.Tensor, int, DashConfig, "torch.Tensor | None"], torch.Tensor]
+# solver name -> fn(X, p, config, start_vectors, product) -> X^{-1/p}, the device forms
+Solver = Callable[[torch.Tensor, int, DashConfig, "torch.Tensor | None", Products], torch.Tensor]
 MATMUL_SOLVERS = ("cn", "ndb", "chebyshev")
 SOLVERS: dict[str, Solver] = {
-    "eigh": lambda X, p, config, V0: eigh_inverse_root(
+    "eigh": lambda X, p, config, V0, product=PLAIN: eigh_inverse_root(
         X, p, eps=config.eps, heuristic=config.eigh_heuristic, eps_rel=config.eps_rel
     ),
     "cn": cn_inverse_root,
@@ -63,12 +64,15 @@ def prepare(config: DashConfig, strategy: Strategy) -> None:
         start_workers()
 
 
-def solve(solver: str, X: torch.Tensor, p: int, config: DashConfig, start, strategy: Strategy) -> torch.Tensor:
+def solve(
+    solver: str, X: torch.Tensor, p: int, config: DashConfig, start, strategy: Strategy, products: Products = PLAIN
+) -> torch.Tensor:
     """``X^{-1/p}`` of a stack by the named solver, in the strategy's form (eigh: the CPU's
-    threaded op where its ops serve, :mod:`dash_fn.roots.eigh_cpu`)."""
+    threaded op where its ops serve, :mod:`dash_fn.roots.eigh_cpu`), its products in
+    ``products``' precision where it serves the solver (:meth:`Products.of`)."""
     if solver == "eigh" and strategy.cpu_ops:
         return eigh_root(X, p, config.eps, config.eigh_heuristic, config.eps_rel)
-    return SOLVERS[solver](X, p, config, start)
+    return SOLVERS[solver](X, p, config, start, products.of(solver))
 
 
 def uses_start_vectors(config: DashConfig, solver: str) -> bool:
@@ -103,7 +107,8 @@ def inverse_root(
 ) -> torch.Tensor:
     """``X^{-1/p}`` for every block of a (K, b, b) stack of symmetric PSD matrices.
 
-    Uses ``config.solver`` with its settings (``auto`` picks by the stack's device). ``start``
+    Uses ``config.solver`` with its settings (``auto`` picks by the stack's device) and
+    ``config.precision`` for its products (:mod:`dash_fn.roots.matmul`). ``start``
     are power-iteration start vectors (b, k); by default the deterministic ones of
     ``start_vectors``. The result has the input's shape and dtype. A block on which an
     iterative solver diverged (its residual far above 1, or a Chebyshev polynomial
@@ -133,7 +138,7 @@ def inverse_root(
     solver = resolve_solver(config, strategy)
     if start is None and uses_start_vectors(config, solver):
         start = start_vectors(stack.shape[-1], config, stack.dtype, stack.device)
-    return solve(solver, stack, p, config, start, strategy)
+    return solve(solver, stack, p, config, start, strategy, products_for(config.precision, stack.device, stack.dtype))
 
 
 # Temporaries a solver holds at its peak, in blocks per block solved (with its output block),
@@ -159,8 +164,10 @@ def refresh_roots(
     config: DashConfig,
     start: torch.Tensor | None,
     strategy: Strategy | None = None,
+    products: Products = PLAIN,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """New roots for a factor stack, keeping a block's old root where its refresh fails.
+    The matmul solvers and orthogonal iteration multiply in ``products``' precision.
 
     docs/ALGORITHM.md 7.2: a block with a non-finite factor is solved as I (so it cannot spoil
     anything) and, like a block whose new root is non-finite, keeps its previous root.
@@ -178,7 +185,7 @@ def refresh_roots(
     """
     strategy = strategy or for_device(factors.device)
     if config.preconditioner == "eigenvalue_corrected":
-        return refresh_bases(factors, roots, config, strategy)
+        return refresh_bases(factors, roots, config, strategy, products)
     solver = resolve_solver(config, strategy)
     if solver == "eigh" and strategy.cpu_ops and not strategy.host_reads:
         # eps and eps_rel as a tensor: a compiled step that met other values before gets them
@@ -189,7 +196,7 @@ def refresh_roots(
     chunk = chunk_blocks(count, size * size * factors.element_size(), solver)
     finite_factor = finite_blocks(factors)
     if chunk >= count or (solver == "eigh" and strategy.holds(finite_factor)):
-        return _refresh_chunk(factors, roots, finite_factor, p, config, start, solver, strategy)
+        return _refresh_chunk(factors, roots, finite_factor, p, config, start, solver, strategy, products)
     out = torch.empty_like(roots)
     fell_back = []
     for a in range(0, count, chunk):
@@ -202,6 +209,7 @@ def refresh_roots(
             start,
             solver,
             strategy,
+            products,
         )
         out[a : a + chunk] = new
         fell_back.append(failed)
@@ -210,7 +218,7 @@ def refresh_roots(
 
 
 def refresh_bases(
-    factors: torch.Tensor, bases: torch.Tensor, config: DashConfig, strategy: Strategy
+    factors: torch.Tensor, bases: torch.Tensor, config: DashConfig, strategy: Strategy, products: Products = PLAIN
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """New eigenbases for a factor stack (docs/ALGORITHM.md 5.7), keeping a block's old basis
     where its factor or its new basis is not finite (as :func:`refresh_roots` keeps roots).
@@ -224,13 +232,21 @@ def refresh_bases(
     if resolve_solver(config, strategy) == "eigh":
         new = eigenbasis(safe, strategy.cpu_ops)
     else:
-        new = qr_basis(safe, bases, config.qr_steps)
+        new = qr_basis(safe, bases, config.qr_steps, products.of("qr"))
     ok = finite_factor & finite_blocks(new)
     return strategy.select(ok[:, None, None], new, bases).contiguous(), ~ok
 
 
 def _refresh_chunk(
-    factors, roots, finite_factor, p: int, config: DashConfig, start, solver: str, strategy: Strategy
+    factors,
+    roots,
+    finite_factor,
+    p: int,
+    config: DashConfig,
+    start,
+    solver: str,
+    strategy: Strategy,
+    products: Products,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One chunk's roots: non-finite factors solved as I, failed blocks keeping their old root
     (with host reads, the substitution and selection passes only where a flag is false)."""
@@ -238,7 +254,7 @@ def _refresh_chunk(
     if not strategy.holds(finite_factor):  # (no identity block made when every factor is finite)
         identity = identity_matrix(factors.shape[-1], factors.dtype, factors.device)
         safe = torch.where(finite_factor[:, None, None], factors, identity)
-    new = solve(solver, safe, p, config, start, strategy)
+    new = solve(solver, safe, p, config, start, strategy, products)
     ok = finite_factor & finite_blocks(new)
     return strategy.select(ok[:, None, None], new, roots).contiguous(), ~ok
 

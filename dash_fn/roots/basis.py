@@ -11,11 +11,14 @@ those of smaller eigenvalues first; benchmarks/basis_gpu.py shows the effect.)
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from .eigh import pad_aligned
 from .eigh_cpu import eigenvectors
 from .identity import diagonal, shifted
+from .matmul import stacked_matmul
 
 # A relative shift of each normalized factor: eigenvectors unchanged, and exact zeros broken up
 # (a factor's rows for embedding tokens never seen), on which MKL's ssyevd failed to converge
@@ -41,14 +44,16 @@ def eigenbasis(X: torch.Tensor, cpu_ops: bool = False) -> torch.Tensor:
     return Q[..., :b, Q.shape[-1] - b :].flip(-1).contiguous()
 
 
-def qr_basis(X: torch.Tensor, Q: torch.Tensor, steps: int) -> torch.Tensor:
+def qr_basis(
+    X: torch.Tensor, Q: torch.Tensor, steps: int, product: Callable[..., torch.Tensor] = stacked_matmul
+) -> torch.Tensor:
     """``steps`` orthogonal iterations ``Q <- qr(X Q)`` from the previous bases ``Q`` (SOAP's
     refresh): matrix products and a batched QR, no host sync. A column's sign may flip, which
     changes nothing downstream (the second moment holds squares, and the basis rotates both
-    ways). Aligned as :func:`eigenbasis` (padded with I: the QR of ``diag(X Q, I)`` is
+    ways). ``product`` multiplies (the step's precision). Aligned as :func:`eigenbasis` (padded with I: the QR of ``diag(X Q, I)`` is
     ``diag(qr(X Q), I)``)."""
     b = X.shape[-1]
     for _ in range(steps):
-        Y = pad_aligned(torch.matmul(X, Q), 1.0)
+        Y = pad_aligned(product(X, Q), 1.0)
         Q = torch.linalg.qr(Y).Q[..., :b, :b].contiguous()
     return Q

@@ -15,7 +15,7 @@ s >= lambda_max, always under fro), and Clenshaw's recurrence
 evaluates ``q = sum_k c_k T_k(S) ~ (X / s + delta I)^{-1/p}`` with d - 1 products. The result
 ``s^{-1/p} q ~ (X + delta s I)^{-1/p}`` is a true inverse root of a relatively shifted block.
 Accuracy is set by the fit near the lower end: delta >= 1e-3 with d = 60 (the default) fits to
-~1e-3 relative; delta = 1e-2 to ~1e-7. Any real p > 0 works. ``matmul_dtype`` rounds S and
+~1e-3 relative; delta = 1e-2 to ~1e-7. Any real p > 0 works. The step's precision rounds S and
 ``b_{k+1}``; coefficients are Python floats (exact in float64, rounded to float32 by float32 ops).
 
 Extrapolation: on [-1, 1] every ``|T_k| <= 1``, so ``max_ij |q| <= sum_k |c_k|``. A power-
@@ -26,13 +26,15 @@ flag that makes :func:`dash_fn.roots.refresh_roots` keep their previous root.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
 from ..config import DashConfig
 from .identity import identity_matrix
 from .masking import flag_diverged
-from .matmul import rounded_matmul
+from .matmul import stacked_matmul
 from .scaling import matrix_scale, root
 
 FIT_NODES = 10000
@@ -57,7 +59,9 @@ def chebyshev_coefficients(delta: float, degree: int, p: float) -> tuple[float, 
     return _coefficient_cache[key]
 
 
-def clenshaw(S: torch.Tensor, coefficients: tuple[float, ...], matmul_dtype: str = "float32") -> torch.Tensor:
+def clenshaw(
+    S: torch.Tensor, coefficients: tuple[float, ...], product: Callable[..., torch.Tensor] = stacked_matmul
+) -> torch.Tensor:
     """``sum_k c_k T_k(S)`` for a (K, b, b) stack S, with ``len(coefficients) - 2`` products."""
     identity = identity_matrix(S.shape[-1], S.dtype, S.device)
     c = coefficients
@@ -65,17 +69,23 @@ def clenshaw(S: torch.Tensor, coefficients: tuple[float, ...], matmul_dtype: str
     after = c[d] * identity  # b_{k+2}
     current = 2 * c[d] * S + c[d - 1] * identity  # b_{k+1}
     for k in range(d - 2, 0, -1):
-        after, current = current, 2 * rounded_matmul(S, current, matmul_dtype) - after + c[k] * identity
-    return rounded_matmul(S, current, matmul_dtype) - after + c[0] * identity
+        after, current = current, 2 * product(S, current) - after + c[k] * identity
+    return product(S, current) - after + c[0] * identity
 
 
-def chebyshev_inverse_root(X: torch.Tensor, p: int, config: DashConfig, start: torch.Tensor | None) -> torch.Tensor:
+def chebyshev_inverse_root(
+    X: torch.Tensor,
+    p: int,
+    config: DashConfig,
+    start: torch.Tensor | None,
+    product: Callable[..., torch.Tensor] = stacked_matmul,
+) -> torch.Tensor:
     """``~(X + cheb_eps s I)^{-1/p}`` per block: a degree ``cheb_degree`` Chebyshev polynomial
     (NaN for blocks whose spectrum left the fitted interval far enough to explode)."""
     s = matrix_scale(X, config, start)
     identity = identity_matrix(X.shape[-1], X.dtype, X.device)
     S = 2 * (X / s) - identity
     coefficients = chebyshev_coefficients(config.cheb_eps, config.cheb_degree, p)
-    q = clenshaw(S, coefficients, config.matmul_dtype)
+    q = clenshaw(S, coefficients, product)
     extrapolated = ~(q.abs().amax(dim=(-2, -1), keepdim=True) <= 2 * sum(abs(c) for c in coefficients))  # or NaN
     return flag_diverged(q / root(s, p), extrapolated)

@@ -13,8 +13,8 @@ per iteration (2.25 for p = 2, 2.44 for p = 4), so small eigenvalues of X/s need
 Any integer p >= 1 works. Products per call: ``T - 1`` for ``Y C`` (``Y_0 C`` is a scalar
 multiple) plus, for ``C^p M`` by repeated squaring, ``floor(log2 p) + popcount(p)`` in each
 of the first ``T - 1`` iterations (``M_T`` is never used): ``3T - 3`` for p = 2, ``4T - 4``
-for p = 4. ``matmul_dtype`` rounds the operands of the ``C^p M`` products; ``Y C`` stays in the
-working dtype, as in the reference.
+for p = 4. The step's precision (:mod:`dash_fn.precision`) rounds the operands of the ``C^p M``
+products; ``Y C``, which forms the result, stays in the working dtype, as in the reference.
 
 Residual ``max_ij |M - I|`` (exact iterates: every eigenvalue of M_k, k >= 1, is in (0, 1]),
 see :mod:`dash_fn.roots.masking`: with ``cn_masking`` a block freezes after the first iteration
@@ -32,7 +32,7 @@ import torch
 from ..config import DashConfig
 from .identity import identity_matrix, shifted
 from .masking import diverging, flag_diverged, residual, select
-from .matmul import rounded_matmul, stacked_matmul
+from .matmul import stacked_matmul
 from .scaling import matrix_scale, relatively_damped, root
 
 Product = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -89,14 +89,13 @@ def coupled_newton(
     return Y, diverged
 
 
-def cn_inverse_root(X: torch.Tensor, p: int, config: DashConfig, start: torch.Tensor | None) -> torch.Tensor:
+def cn_inverse_root(
+    X: torch.Tensor, p: int, config: DashConfig, start: torch.Tensor | None, product: Product = stacked_matmul
+) -> torch.Tensor:
     """``(X + eps I)^{-1/p}`` per block by coupled Newton with ``config.newton_steps`` iterations
-    (NaN for blocks that diverged); with ``eps_rel``, of ``X + eps I`` relatively damped."""
+    (NaN for blocks that diverged); with ``eps_rel``, of ``X + eps I`` relatively damped.
+    ``product`` multiplies for the ``C^p M`` update (the step's precision)."""
     Xr = shifted(X, config.eps)
     Xr, s = relatively_damped(Xr, matrix_scale(Xr, config, start), config)
-
-    def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return rounded_matmul(a, b, config.matmul_dtype)
-
     tol = config.cn_tol if config.cn_masking else None
     return flag_diverged(*coupled_newton(Xr, s, p, config.newton_steps, product, tol))

@@ -1,27 +1,49 @@
-"""Products of the matmul solvers: low-precision operands, full-precision accumulation (docs/ALGORITHM.md 5.5).
+"""The step's matrix products: their precision (``DashConfig.precision``, docs/ALGORITHM.md 5.5),
+and stacked products that give each block the same bits wherever it sits in its stack.
 
-``matmul_dtype`` rounds the *operands* of a product; the accumulation and the result stay in
-the working dtype (float32, or float64 for float64 stacks), and so do the iterates between
-products. Two ways to get that, chosen by device from static facts (no data-dependent branch):
+One setting covers every large product of a step: the factor products ``G G^T`` and ``G^T G``,
+the root and basis iterations, the preconditioning products ``L^{-1/p} G R^{-1/p}`` and the
+eigenvalue-corrected rotations. It rounds their *operands*: "float32" (none), "tf32" (10
+fraction bits, float32's range), "bfloat16" (7 fraction bits, float32's range) or "float16"
+(10 fraction bits, range 6e-5 to 65504). Accumulation, results and every stored tensor stay in
+the working dtype; small products (power iteration's mat-vecs) stay there too.
 
-- CUDA/XPU with float32 work: ``torch.bmm(a16, b16, out_dtype=torch.float32)``, the 16-bit
-  tensor-core product with float32 accumulation and a float32 result (``aten::bmm.dtype``,
-  lowered by Inductor to ``_bmm_out_dtype_cuda``).
-- Everywhere else (torch has no CPU kernel for ``aten::bmm.dtype``, and CPU 16-bit ``bmm``
-  returns a 16-bit result, far slower than float32):
-  round the operands, then multiply in the working dtype. The product of two bfloat16 or two
-  float16 numbers is exact in float32, so this is the same arithmetic as the tensor-core
-  product up to summation order: CPU runs show the numerics of 16-bit operands, not their speed.
-  The rounding is the opaque op ``dash_fn::round_to``: Inductor elides a fused
-  ``x.to(bfloat16).to(float32)`` pair (it computes 16-bit values in float32 inside kernels),
-  which would silently turn the emulation back into a float32 product.
+A part of the step that a precision cannot serve keeps float32 operands (:data:`STAYS_FLOAT32`):
+the Newton iterations amplify their own rounding where a 7-bit fraction is too coarse.
+
+``"auto"`` picks per device from static facts: on CUDA/XPU, :data:`AUTO_ACCELERATOR`; on a CPU
+with bf16 matrix instructions (AMX or AVX-512 BF16), :data:`AUTO_BF16_CPU`; elsewhere
+"float32". Its results therefore differ across hardware by 16-bit rounding, as TF32's do; an
+explicit "float32" gives the same bits everywhere.
+
+The kernel of a precision is a fact of the device, chosen once per call
+(:func:`products_for`), never per product and never from data:
+
+- CUDA (and XPU for 16 bits): tensor-core products. 16-bit: ``torch.bmm(a16, b16,
+  out_dtype=float32)`` (float32 accumulation and result); "tf32": the float32 product with
+  TF32 allowed for that call only (the op :func:`tf32_bmm`; torch's process-wide flag is
+  restored after it).
+- A CPU with bf16 matrix instructions, "bfloat16": oneDNN's native bf16 product (float32
+  accumulation); torch has no CPU bf16 product with a float32 result, so the result is rounded
+  to bf16 once and widened.
+- Everywhere else: exact emulation. The operands are rounded (the opaque op
+  :func:`round_to`: Inductor elides a fused ``x.to(bf16).to(float32)`` pair) and multiplied in
+  float32. The product of two 16-bit or TF32 numbers is exact in float32, so this is the
+  tensor-core arithmetic up to summation order: the numerics of the precision, not its speed.
+
+float16 operands are scaled per block by a power of two that brings each block's largest
+entry into [1, 2) before rounding, and the product is scaled back: float16's range would
+otherwise flush gradients below 6e-8 to zero and lose digits below 6e-5. A block with an
+Inf or NaN keeps it (scale 1), so the non-finite guard still sees it.
 """
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 import torch
 
-LOW_PRECISION = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 ALIGN_BYTES = 64
 
 
@@ -49,26 +71,139 @@ def stacked_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a @ wide)[..., :n].contiguous()
 
 
+PRECISIONS = ("auto", "float32", "tf32", "bfloat16", "float16")
+LOW = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# what "auto" resolves to (docs/guide/configuration.md, "Precision", gives the training runs
+# that chose them)
+AUTO_ACCELERATOR = "bfloat16"
+AUTO_BF16_CPU = "bfloat16"
+
+# The parts of a step, and those that keep float32 operands under a precision, with the reason
+PARTS = ("factors", "precondition", "rotate", "cn", "ndb", "chebyshev", "qr")
+STAYS_FLOAT32: dict[str, dict[str, str]] = {
+    "bfloat16": {
+        "cn": "coupled Newton's C^p M products amplify bf16's 2^-8 rounding once the residual is below it",
+        "ndb": "NDB's coupled Y, Z products drift apart under 16-bit rounding (the paper ran NDB in float32)",
+    },
+    "float16": {
+        "ndb": "NDB's coupled Y, Z products drift apart under 16-bit rounding (the paper ran NDB in float32)",
+    },
+}
+
+TF32_FRACTION_DROP = 13  # float32 keeps 23 fraction bits, TF32 10
+
+
+@functools.cache
+def cpu_has_bf16_units() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AMX tiles or AVX-512 BF16 dot products)."""
+    capabilities = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
+    return bool(capabilities.get("amx_bf16") or capabilities.get("avx512_bf16"))
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """The precision a config's setting means on ``device``: "auto" resolved, others as given."""
+    if precision != "auto":
+        return precision
+    if device.type != "cpu":
+        return AUTO_ACCELERATOR
+    return AUTO_BF16_CPU if cpu_has_bf16_units() else "float32"
+
+
 @torch.library.custom_op("dash_fn::round_to", mutates_args=())
-def round_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``x`` rounded to ``dtype`` (round to nearest even, 16-bit range) and cast back."""
-    return x.to(dtype).to(x.dtype)
+def round_to(x: torch.Tensor, precision: str) -> torch.Tensor:
+    """``x`` rounded to ``precision``'s operands (round to nearest even) and kept in x's dtype."""
+    if precision == "tf32":  # drop 13 fraction bits of a float32, rounding to nearest even
+        bits = x.view(torch.int32)
+        odd = (bits >> TF32_FRACTION_DROP) & 1
+        rounded = (bits + ((1 << (TF32_FRACTION_DROP - 1)) - 1) + odd) & ~((1 << TF32_FRACTION_DROP) - 1)
+        finite = torch.isfinite(x)  # Inf and NaN keep their bits
+        return torch.where(finite, rounded.view(torch.float32), x)
+    return x.to(LOW[precision]).to(x.dtype)
 
 
 @round_to.register_fake
-def _round_to_fake(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def _round_to_fake(x: torch.Tensor, precision: str) -> torch.Tensor:
     return torch.empty_like(x)
 
 
-def rounded_matmul(a: torch.Tensor, b: torch.Tensor, matmul_dtype: str) -> torch.Tensor:
-    """``a @ b`` for (K, n, n) stacks with both operands rounded to ``matmul_dtype``.
+@torch.library.custom_op("dash_fn::tf32_bmm", mutates_args=())
+def tf32_bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``torch.bmm(a, b)`` of float32 stacks with TF32 tensor cores allowed for this call only.
 
-    ``"float32"`` means no rounding: the plain product in the working dtype (which follows
-    torch's TF32 flag for float32).
-    """
-    low = LOW_PRECISION.get(matmul_dtype)
-    if low is None:
-        return stacked_matmul(a, b)
-    if a.device.type in ("cuda", "xpu") and a.dtype == torch.float32:
-        return torch.bmm(a.to(low), b.to(low), out_dtype=torch.float32)
-    return stacked_matmul(round_to(a, low), round_to(b, low))
+    An op of its own so that torch.compile keeps it whole: the flag is read when cuBLAS is
+    called, and CUDA graphs capture the TF32 kernel chosen then."""
+    matmul = torch.backends.cuda.matmul
+    previous = matmul.fp32_precision
+    matmul.fp32_precision = "tf32"
+    try:
+        return torch.bmm(a, b)
+    finally:
+        matmul.fp32_precision = previous
+
+
+@tf32_bmm.register_fake
+def _tf32_bmm_fake(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a.new_empty((a.shape[0], a.shape[1], b.shape[2]))
+
+
+def _block_exponents(x: torch.Tensor) -> torch.Tensor:
+    """Per block (..., 1, 1), e with the block's largest |entry| in [2^e, 2^(e+1)) (0 for a zero
+    or non-finite block)."""
+    peak = x.abs().amax(dim=(-2, -1), keepdim=True)
+    usable = torch.isfinite(peak) & (peak > 0)
+    return torch.where(usable, torch.floor(torch.log2(torch.where(usable, peak, 1.0))), 0.0)
+
+
+@dataclass(frozen=True)
+class Products:
+    """The step's large products at one resolved ``precision``, in the device's ``kernel``:
+    "plain" (float32 operands), "tensor_core", "native_cpu" or "emulated". Call it as ``a @ b``
+    on (K, m, n) stacks; :meth:`of` gives the products of one part of the step."""
+
+    precision: str
+    kernel: str
+
+    def of(self, part: str) -> Products:
+        """The products of ``part`` (:data:`PARTS`): float32 operands where the part is
+        unstable in this precision (:data:`STAYS_FLOAT32`)."""
+        if self.precision in STAYS_FLOAT32 and part in STAYS_FLOAT32[self.precision]:
+            return PLAIN
+        return self
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if self.kernel == "plain":
+            return stacked_matmul(a, b)
+        if self.precision == "float16":
+            ea, eb = _block_exponents(a), _block_exponents(b)
+            return self._rounded(a * torch.exp2(-ea), b * torch.exp2(-eb)) * torch.exp2(ea + eb)
+        return self._rounded(a, b)
+
+    def _rounded(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """``a @ b`` with both operands in this precision, float32 accumulation."""
+        if self.kernel == "tensor_core":
+            if self.precision == "tf32":
+                return tf32_bmm(a, b)
+            low = LOW[self.precision]
+            return torch.bmm(a.to(low), b.to(low), out_dtype=a.dtype)
+        if self.kernel == "native_cpu":
+            low = LOW[self.precision]
+            return stacked_matmul(a.to(low), b.to(low)).to(a.dtype)
+        return stacked_matmul(round_to(a, self.precision), round_to(b, self.precision))
+
+
+PLAIN = Products("float32", "plain")
+
+
+def products_for(precision: str, device: torch.device, dtype: torch.dtype = torch.float32) -> Products:
+    """The products of a config's ``precision`` on ``device`` for stacks of ``dtype``: the
+    kernel is a static fact of the device (the module doc). float64 stacks (a float64 model's
+    state) are never rounded."""
+    resolved = resolve_precision(precision, device)
+    if resolved == "float32" or dtype != torch.float32:
+        return PLAIN
+    if device.type == "cuda" or (device.type == "xpu" and resolved != "tf32"):
+        return Products(resolved, "tensor_core")
+    if resolved == "bfloat16" and device.type == "cpu" and cpu_has_bf16_units():
+        return Products(resolved, "native_cpu")
+    return Products(resolved, "emulated")

@@ -15,8 +15,8 @@ Roots: with ``Xr = X + eps I`` and scale s, p = 2 is ``Z(Xr / s) / sqrt(s)``; p 
 bounded by ``sqrt(s)``); each further doubling of p inserts one more square root. p = 4 costs
 ``2 (3T - 3) = 54`` products at T = 10.
 
-``matmul_dtype`` rounds the operands of all three products (the reference stores Y and Z in
-16 bits); E and the iterates stay in the working dtype.
+The step's precision (:mod:`dash_fn.precision`) rounds the operands of all three products (the
+reference stores Y and Z in 16 bits); E and the iterates stay in the working dtype.
 
 Residual ``max_ij |Z Y - I|`` (exact iterates keep the eigenvalues of Z Y in [0, 1]; the
 product Z Y is formed anyway for E), checked on iterates 0..T-1, see
@@ -35,7 +35,7 @@ import torch
 from ..config import DashConfig
 from .identity import identity_matrix, shifted
 from .masking import diverging, flag_diverged, residual, select
-from .matmul import rounded_matmul, stacked_matmul
+from .matmul import stacked_matmul
 from .scaling import matrix_scale, relatively_damped
 
 Product = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -99,15 +99,13 @@ def ndb_root(
     return root / s.sqrt(), diverged | failed
 
 
-def ndb_inverse_root(X: torch.Tensor, p: int, config: DashConfig, start: torch.Tensor | None) -> torch.Tensor:
+def ndb_inverse_root(
+    X: torch.Tensor, p: int, config: DashConfig, start: torch.Tensor | None, product: Product = stacked_matmul
+) -> torch.Tensor:
     """``(X + eps I)^{-1/p}`` per block by NDB with ``config.newton_steps`` iterations per call
     (NaN for blocks that diverged); p a power of two. With ``eps_rel``, of ``X + eps I``
-    relatively damped."""
+    relatively damped. ``product`` multiplies (the step's precision)."""
     Xr = shifted(X, config.eps)
     Xr, s = relatively_damped(Xr, matrix_scale(Xr, config, start), config)
-
-    def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return rounded_matmul(a, b, config.matmul_dtype)
-
     tol = config.ndb_tol if config.ndb_masking else None
     return flag_diverged(*ndb_root(Xr, s, p, config.newton_steps, product, tol))

@@ -50,8 +50,8 @@ def qr_basis(
     """``steps`` orthogonal iterations ``Q <- qr(X Q)`` from the previous bases ``Q`` (SOAP's
     refresh): matrix products and a batched QR, no host sync. A column's sign may flip, which
     changes nothing downstream (the second moment holds squares, and the basis rotates both
-    ways). ``product`` multiplies (the step's precision). Aligned as :func:`eigenbasis` (padded with I: the QR of ``diag(X Q, I)`` is
-    ``diag(qr(X Q), I)``)."""
+    ways). ``product`` multiplies (the step's precision). Aligned as :func:`eigenbasis` (padded
+    with I: the QR of ``diag(X Q, I)`` is ``diag(qr(X Q), I)``)."""
     b = X.shape[-1]
     for _ in range(steps):
         Y = pad_aligned(product(X, Q), 1.0)

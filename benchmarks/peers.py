@@ -95,6 +95,7 @@ from dataclasses import dataclass
 import torch
 
 import dash_fn
+import machine
 
 FREQS = (1, 10)
 HEADER = (
@@ -341,6 +342,23 @@ PEERS = [
     ),
     Peer("dash-eager", "dash_fn.DASH eager", None, build_dash(False), True, "as the compiled row."),
     Peer(
+        "dash-bf16-compiled",
+        "dash_fn.DASH precision=bfloat16, compile=True",
+        None,
+        build_dash(True, precision="bfloat16"),
+        True,
+        "as dash-compiled, the factor and preconditioning products with bf16 operands (native where the "
+        "CPU has bf16 units, else emulated: see the machine line).",
+    ),
+    Peer(
+        "dash-bf16-eager",
+        "dash_fn.DASH precision=bfloat16, eager",
+        None,
+        build_dash(False, precision="bfloat16"),
+        True,
+        "as the compiled row.",
+    ),
+    Peer(
         "dash-ec-compiled",
         "dash_fn.DASH eigenvalue-corrected, compile=True",
         None,
@@ -503,16 +521,8 @@ class Row:
 
 
 def machine_line(load) -> str:
-    model = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
-    except OSError:
-        pass
-    return (
-        f"{model}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-        f"load average {load}"
-    )
+    """The CPU, its widest vector extension (bf16 units or not), torch and threads, and the load."""
+    return f"{machine.machine_line()}, load average {load}"
 
 
 def loadavg() -> str:

@@ -28,6 +28,7 @@ import time
 import torch
 
 import dash_fn
+import machine
 
 
 def block_shapes(d: int, block: int, layers: int) -> list[tuple[int, int]]:
@@ -54,7 +55,7 @@ def products(shapes: list[tuple[int, int]]):
     return run
 
 
-def adapter(d: int, block: int, layers: int, compile: bool | dict):
+def adapter(d: int, block: int, layers: int, compile: bool | dict, precision: str = "float32"):
     """A DASH step over ``layers`` x Linear(d, d) with fixed gradients; refreshes once, at step 1."""
     torch.manual_seed(0)
     params = [p for _ in range(layers) for p in torch.nn.Linear(d, d).parameters()]
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     print(
         f"{args.layers} x Linear({args.d_model}, {args.d_model}) + bias, "
         f"block {args.block_size} ({len(shapes)} blocks); "
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, load {load:.2f} at start; "
+        f"{machine.machine_line()}, load {load:.2f} at start; "
         f"medians of {args.reps} round-robin "
         f"repetitions of {args.window} consecutive calls; "
         f"{'dash_fn.utils.retain_freed_cpu_memory()' if args.retain_freed_memory else 'default glibc malloc'}\n"

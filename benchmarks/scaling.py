@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "scaling"
 SIZES = ["s", "m", "l"]
 BF16 = "bfloat16"
+PRECISIONS = ["float32", "tf32", BF16, "float16"]
 # the fields whose defaults the study changed, at their values before (benchmarks/RESULTS.md,
 # "Update rules"): the labels recorded before the change pin them, so that their records keep
 # their meaning; "dash-defaults" is the library's defaults now (the "dash-combo10" of the runs
@@ -107,6 +108,16 @@ OPTIMIZERS = {
         "dash-defaults",
         ["--dash", "preconditioner=eigenvalue_corrected", "nesterov_G=false", "inv_root_freq=3"],
     ),
+    # issue 53: the defaults with each DashConfig.precision, paired by seed with the same defaults
+    # in float32 on the same machine ("precision-P"); with coupled Newton, the GPU's solver for the
+    # default cube roots ("precision-cn-P"); and the eigenvalue-corrected mode ("precision-ec-P").
+    # A CPU without a precision's matrix unit emulates it: the numerics of the GPU's products.
+    **{f"precision-{p}": ("dash-defaults", ["--dash", f"precision={p}"]) for p in PRECISIONS},
+    **{f"precision-cn-{p}": ("dash-defaults", ["--dash", "solver=cn", f"precision={p}"]) for p in PRECISIONS},
+    **{
+        f"precision-ec-{p}": ("dash-defaults", ["--dash", "preconditioner=eigenvalue_corrected", f"precision={p}"])
+        for p in PRECISIONS
+    },
 }
 SWEPT = ["adamw", "muon", "dash-defaults", "dash-ndb"]
 # the best rates of the main job (size s; docs/guide/configuration.md), where the first sweep starts

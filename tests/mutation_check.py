@@ -149,7 +149,7 @@ MUTATIONS = [
     Mutation(
         "step: left root not applied",
         "dash_fn/step.py",
-        "U = stacked_matmul(_refreshed(ctx, group, group.left), U)",
+        "U = precondition(_refreshed(ctx, group, group.left), U)",
         "U = U",
         ("tests/test_reference_agreement.py", "-k", "default-eigh and B8"),
     ),
@@ -486,14 +486,14 @@ MUTATIONS = [
     Mutation(
         "eigenvalue-corrected: orthogonal iteration forgets the factor (qr of Q alone)",
         "dash_fn/roots/basis.py",
-        "Y = pad_aligned(torch.matmul(X, Q), 1.0)",
+        "Y = pad_aligned(product(X, Q), 1.0)",
         "Y = pad_aligned(Q, 1.0)",
         ("tests/test_eigenvalue_corrected.py", "-k", "soap_reference"),
     ),
     Mutation(
         "eigenvalue-corrected: the moments of a gradient rotated on its right side only",
         "dash_fn/step.py",
-        "        G = stacked_matmul(left.mT, G)",
+        "        G = rotate(left.mT, G)",
         "        G = G",
         ("tests/test_eigenvalue_corrected.py", "-k", "soap_reference"),
     ),
@@ -507,8 +507,8 @@ MUTATIONS = [
     Mutation(
         "eigenvalue-corrected: the gradient EMA moved out of the old right basis untransposed",
         "dash_fn/step.py",
-        "moved = stacked_matmul(stacked_matmul(X, Q_old.mT), Q_new)",
-        "moved = stacked_matmul(stacked_matmul(X, Q_old), Q_new)",
+        "rotate(rotate(X, Q_old.mT), Q_new)",
+        "rotate(rotate(X, Q_old), Q_new)",
         ("tests/test_eigenvalue_corrected.py", "-k", "soap_reference"),
     ),
     Mutation(
@@ -521,8 +521,8 @@ MUTATIONS = [
     Mutation(
         "eigenvalue-corrected: rotated back by Q_L^T",
         "dash_fn/step.py",
-        "        D = stacked_matmul(left, D)",
-        "        D = stacked_matmul(left.mT, D)",
+        "        D = rotate(left, D)",
+        "        D = rotate(left.mT, D)",
         ("tests/test_eigenvalue_corrected.py", "-k", "soap_reference"),
     ),
     Mutation(
@@ -545,6 +545,71 @@ MUTATIONS = [
         'return 4 if self.solver == "ndb" else 3',
         "return 4",
         ("tests/test_reference_agreement.py",),
+    ),
+    Mutation(
+        "precision: the factor products left in float32",
+        "dash_fn/forms.py",
+        '[(side, self.products.of("factors")(a, b)) for side, a, b in factor_sides(group, G)]',
+        "[(side, a @ b) for side, a, b in factor_sides(group, G)]",
+        ("tests/test_precision.py",),
+    ),
+    Mutation(
+        "precision: the preconditioning products left in float32",
+        "dash_fn/step.py",
+        'U, precondition = Gt, ctx.forms.products.of("precondition")',
+        "U, precondition = Gt, torch.matmul",
+        ("tests/test_precision.py",),
+    ),
+    Mutation(
+        "precision: the eigenvalue-corrected rotations left in float32",
+        "dash_fn/step.py",
+        '    rotate = ctx.forms.products.of("rotate")\n    if left is not None:',
+        "    rotate = torch.matmul\n    if left is not None:",
+        ("tests/test_precision.py",),
+    ),
+    Mutation(
+        "precision: the root iterations left in float32",
+        "dash_fn/roots/__init__.py",
+        "return SOLVERS[solver](X, p, config, start, products.of(solver))",
+        "return SOLVERS[solver](X, p, config, start, PLAIN)",
+        ("tests/test_precision.py", "tests/test_solvers.py", "-k", "precision"),
+    ),
+    Mutation(
+        "precision: NDB run in 16 bits, where it is unstable",
+        "dash_fn/roots/matmul.py",
+        "        if self.precision in STAYS_FLOAT32 and part in STAYS_FLOAT32[self.precision]:",
+        "        if False:",
+        ("tests/test_precision.py", "tests/test_solvers.py", "-k", "precision"),
+    ),
+    Mutation(
+        "precision: the emulated rounding a plain cast pair (which Inductor elides)",
+        "dash_fn/roots/matmul.py",
+        "return stacked_matmul(round_to(a, self.precision), round_to(b, self.precision))",
+        'return stacked_matmul(*(x if self.precision == "tf32" else x.to(LOW[self.precision]).to(x.dtype) '
+        "for x in (a, b)))",
+        ("tests/test_precision.py", "-k", "inductor and bfloat16"),
+    ),
+    Mutation(
+        "precision: TF32 operands truncated instead of rounded",
+        "dash_fn/roots/matmul.py",
+        "rounded = (bits + ((1 << (TF32_FRACTION_DROP - 1)) - 1) + odd)",
+        "rounded = (bits + 0 * odd)",
+        ("tests/test_precision.py",),
+    ),
+    Mutation(
+        "precision: float16 operands not scaled into range",
+        "dash_fn/roots/matmul.py",
+        'if self.precision == "float16":\n            ea',
+        "if False:\n            ea",
+        ("tests/test_precision.py",),
+    ),
+    Mutation(
+        "precision: the native CPU product accumulated in bf16",
+        "dash_fn/roots/matmul.py",
+        "return stacked_matmul(a.to(low), b.to(low)).to(a.dtype)",
+        "return torch.stack([sum(torch.outer(a.to(low)[k][:, j], b.to(low)[k][j]) for j in range(a.shape[-1])) "
+        "for k in range(a.shape[0])]).to(a.dtype)",
+        ("tests/test_precision.py", "-k", "accumulate"),
     ),
 ]
 

@@ -28,4 +28,4 @@ def test_peers_quick_prints_the_table():
     adamw = [float(c) for c in rows["torch AdamW (foreach)"].split("|")[2:5]]
     assert adamw[0] == adamw[1] == adamw[2]  # no refresh: one number in every time column
     assert "skipped: dash_fn.DASH compile=True (inductor): not asked for (--only / --skip)" in lines
-    assert any(line.startswith("machine: ") and "cores, torch " in line for line in lines)
+    assert any(line.startswith("machine: ") and "CPUs (" in line and ", torch " in line for line in lines)

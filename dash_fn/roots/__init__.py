@@ -27,13 +27,17 @@ from .masking import finite_blocks
 from .matmul import PLAIN, Products, products_for
 from .ndb import ndb_inverse_root
 
-# solver name -> fn(X, p, config, start_vectors, product) -> X^{-1/p}, the device forms
-Solver = Callable[[torch.Tensor, int, DashConfig, "torch.Tensor | None", Products], torch.Tensor]
+
+def _eigh(X: torch.Tensor, p: int, config: DashConfig, start: torch.Tensor | None, product: Products = PLAIN):
+    """eigh's root as a solver (it multiplies nothing: ``product`` is unused)."""
+    return eigh_inverse_root(X, p, eps=config.eps, heuristic=config.eigh_heuristic, eps_rel=config.eps_rel)
+
+
+# solver name -> fn(X, p, config, start_vectors, product=PLAIN) -> X^{-1/p}, the device forms
+Solver = Callable[..., torch.Tensor]
 MATMUL_SOLVERS = ("cn", "ndb", "chebyshev")
 SOLVERS: dict[str, Solver] = {
-    "eigh": lambda X, p, config, V0, product=PLAIN: eigh_inverse_root(
-        X, p, eps=config.eps, heuristic=config.eigh_heuristic, eps_rel=config.eps_rel
-    ),
+    "eigh": _eigh,
     "cn": cn_inverse_root,
     "ndb": ndb_inverse_root,
     "chebyshev": chebyshev_inverse_root,
@@ -108,7 +112,7 @@ def inverse_root(
     """``X^{-1/p}`` for every block of a (K, b, b) stack of symmetric PSD matrices.
 
     Uses ``config.solver`` with its settings (``auto`` picks by the stack's device) and
-    ``config.precision`` for its products (:mod:`dash_fn.roots.matmul`). ``start``
+    ``config.precision`` for its products (dash_fn.roots.matmul). ``start``
     are power-iteration start vectors (b, k); by default the deterministic ones of
     ``start_vectors``. The result has the input's shape and dtype. A block on which an
     iterative solver diverged (its residual far above 1, or a Chebyshev polynomial

@@ -79,15 +79,22 @@ LOW = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 AUTO_ACCELERATOR = "bfloat16"
 AUTO_BF16_CPU = "bfloat16"
 
-# The parts of a step, and those that keep float32 operands under a precision, with the reason
+# The parts of a step, and those that keep float32 operands under a precision, with the reason.
+# The rule: an iteration keeps float32 where the precision moves its result by more than 5% of
+# the float32 iteration's on blocks of condition 1e4 (benchmarks/precision_numerics.py; the
+# figures are in benchmarks/RESULTS.md, "Precision").
 PARTS = ("factors", "precondition", "rotate", "cn", "ndb", "chebyshev", "qr")
 STAYS_FLOAT32: dict[str, dict[str, str]] = {
     "bfloat16": {
-        "cn": "coupled Newton's C^p M products amplify bf16's 2^-8 rounding once the residual is below it",
+        "cn": "coupled Newton's C^p M products amplify a 7-bit fraction's rounding (bf16 CN diverges in the paper)",
         "ndb": "NDB's coupled Y, Z products drift apart under 16-bit rounding (the paper ran NDB in float32)",
+        "chebyshev": "the Clenshaw recurrence's 60 products accumulate a 7-bit fraction's rounding",
     },
     "float16": {
-        "ndb": "NDB's coupled Y, Z products drift apart under 16-bit rounding (the paper ran NDB in float32)",
+        "ndb": "NDB's coupled Y, Z products drift apart under a 10-bit fraction (the paper ran NDB in float32)",
+    },
+    "tf32": {
+        "ndb": "NDB's coupled Y, Z products drift apart under a 10-bit fraction (the paper ran NDB in float32)",
     },
 }
 

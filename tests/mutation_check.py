@@ -568,6 +568,13 @@ MUTATIONS = [
         ("tests/test_precision.py",),
     ),
     Mutation(
+        "precision: the gradient EMA moved into new bases in float32",
+        "dash_fn/step.py",
+        '        rotate = ctx.forms.products.of("rotate")\n        moved',
+        "        rotate = torch.matmul\n        moved",
+        ("tests/test_precision.py",),
+    ),
+    Mutation(
         "precision: the root iterations left in float32",
         "dash_fn/roots/__init__.py",
         "return SOLVERS[solver](X, p, config, start, products.of(solver))",

@@ -69,6 +69,7 @@ def adapter(d: int, block: int, layers: int, compile: bool | dict, precision: st
         start_prec_step=1,
         inv_root_freq=10**9,
         refresh_schedule="periodic",  # roots at step 1 only: every timed step is plain
+        precision=precision,
     )
 
     def run():
@@ -122,6 +123,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes (d_model 64, block 32, 3 reps): a smoke run")
     parser.add_argument(
+        "--precision",
+        nargs="+",
+        default=[],
+        choices=["tf32", "bfloat16", "float16", "auto"],
+        help="also time the compiled and eager steps with these DashConfig.precision settings, beside float32",
+    )
+    parser.add_argument(
         "--retain-freed-memory",
         action="store_true",
         help="call dash_fn.utils.retain_freed_cpu_memory() first (glibc keeps freed memory: no page faults)",
@@ -142,6 +150,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         "compiled step": adapter(args.d_model, args.block_size, args.layers, {"backend": args.backend}),
         "eager step": adapter(args.d_model, args.block_size, args.layers, False),
     }
+    for precision in args.precision:
+        compiled = adapter(args.d_model, args.block_size, args.layers, {"backend": args.backend}, precision)
+        runs[f"compiled step, {precision}"] = compiled
+        runs[f"eager step, {precision}"] = adapter(args.d_model, args.block_size, args.layers, False, precision)
     times, faults = {k: [] for k in runs}, {k: [] for k in runs}
     load = os.getloadavg()[0]
     for _ in range(args.reps):

@@ -217,10 +217,12 @@ def test_the_strategies_agree_under_each_precision(precision):
 
 
 @pytest.mark.sets_accelerator
-def test_a_16_bit_step_compiles_to_one_graph_without_syncs():
-    """float16 with coupled Newton (the GPU's solver): one graph, no host read, nothing CUDA
-    graphs would skip, eager and compiled agree."""
-    config = dash_fn.DashConfig(block_size=8, precision="float16", inv_root_freq=3)
+@pytest.mark.parametrize("precision", ["float16", "bfloat16"])
+def test_a_16_bit_step_compiles_to_one_graph_without_syncs(precision):
+    """float16 with coupled Newton (the GPU's solver), and bfloat16 (natively where this CPU has
+    bf16 units): one graph, no host read, nothing CUDA graphs would skip, eager and compiled
+    agree."""
+    config = dash_fn.DashConfig(block_size=8, precision=precision, inv_root_freq=3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert_one_graph_without_syncs(config, mixed_params(shapes={"w": (24, 20), "thin": (2, 40), "b": (20,)}))

@@ -39,7 +39,6 @@ Inf or NaN keeps it (scale 1), so the non-finite guard still sees it.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -101,11 +100,18 @@ STAYS_FLOAT32: dict[str, dict[str, str]] = {
 TF32_FRACTION_DROP = 13  # float32 keeps 23 fraction bits, TF32 10
 
 
-@functools.cache
-def cpu_has_bf16_units() -> bool:
-    """Whether this CPU multiplies bf16 in hardware (AMX tiles or AVX-512 BF16 dot products)."""
+def _bf16_units() -> bool:
     capabilities = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
     return bool(capabilities.get("amx_bf16") or capabilities.get("avx512_bf16"))
+
+
+# read once, at import: a static fact, and a constant to torch.compile (which cannot trace the query)
+BF16_UNITS = _bf16_units()
+
+
+def cpu_has_bf16_units() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AMX tiles or AVX-512 BF16 dot products)."""
+    return BF16_UNITS
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:

@@ -3,6 +3,13 @@
     python benchmarks/gpu_check.py --out gpu.md           # on a CUDA machine (benchmarks/gpu_day.sh runs it)
     python benchmarks/gpu_check.py --dry-run --out dry.md # on CPU: tiny shapes, aot_eager, the accelerator
                                                           # strategy simulated (checks the script, in CI)
+    python benchmarks/gpu_check.py --skip syncs accuracy  # leave out sections already proven
+
+Sections, in the order they run (``--only`` / ``--skip`` pick them; every row gives the seconds
+it took): ``shipped`` (the defaults as a GPU runs them), ``precision`` (plain and refresh steps
+at each ``DashConfig.precision`` against each dtype's own peak), ``syncs``, ``accuracy``,
+``solvers`` (the per-solver tables), ``training`` (a whole training step of
+``examples/train_lm.py`` for AdamW, Muon and DASH).
 
 Fail-safe by construction, since a GPU run is rare and short: every row is appended to the
 report file (``--out``) as soon as it is known; each row runs in its own ``try``, and a failure
@@ -24,10 +31,24 @@ seconds from the start) stops starting new rows in time to write the report; the
 2. Accuracy: 12 steps of the functional step in float32 on the device (NDB, CN, eigh) against the
    same steps in float64 on the CPU, within ``FLOAT32_FACTOR`` times the CPU's own float32 run.
 3. Step times of the DASH paper's Llama-953M layer at block 1024 (benchmarks/step_bench.py):
-   dash_fn with CUDA graphs, compiled, eager, the sequential per-block baseline and AdamW, plain
-   and refresh steps apart, TF32 off. eigh is never timed under CUDA graphs:
-   ``torch.linalg.eigh`` reads its error flags on the host (cuSOLVER's ``info``), which stream
-   capture rejects, so its rows are compiled without them (the report says so).
+   dash_fn with CUDA graphs, compiled, eager, the sequential per-block baseline (the same math
+   and root order, one block at a time) and AdamW, plain and refresh steps apart, in float32
+   (torch's TF32 flag as the machine has it: the header says which). eigh is never timed under
+   CUDA graphs: ``torch.linalg.eigh`` reads its error flags on the host (cuSOLVER's ``info``),
+   which stream capture rejects, so its rows are compiled without them (the report says so).
+
+The shipped configuration (``DashConfig()``: staggered refresh, ``solver="auto"``, which is
+coupled Newton's cube roots on a GPU, its default precision) is timed as a user runs it, one
+compiled step per call under CUDA graphs, at blocks of 256 and 1024, and in the
+eigenvalue-corrected mode. The precision rows time plain and refresh steps at float32, TF32,
+bfloat16 and float16, each against the peak of a large product of its own operands. The
+training rows run ``examples/train_lm.py --size l`` with a realistic batch for AdamW, Muon and
+DASH at its default precision: ms per step, final loss and the fraction of AdamW's steps and
+seconds to AdamW's final loss.
+
+A watchdog inside the budget dumps every thread's traceback to the log ``WATCHDOG_AFTER``
+seconds past the budget and every 30 s after, so that a hang shows where it hangs before the
+command's own time limit kills it.
 """
 
 from __future__ import annotations
@@ -36,7 +57,10 @@ import argparse
 import contextlib
 import faulthandler
 import os
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -46,9 +70,15 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
 import dash_fn  # noqa: E402
+from dash_fn.roots.matmul import products_for  # noqa: E402
 from dash_fn.strategy import simulated_accelerator  # noqa: E402
-from step_bench import bench, markdown, matmul_peak, speedups  # noqa: E402
+from step_bench import bench, markdown, median_seconds, speedups  # noqa: E402
 from syncs import SyncCounter  # noqa: E402
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+SECTIONS = ("shipped", "precision", "syncs", "accuracy", "solvers", "training")
+PRECISIONS = ("float32", "tf32", "bfloat16", "float16")
+WATCHDOG_AFTER = 40  # seconds past the budget: inside gpu_day.sh's 8-minute command at the default budget
 
 # One transformer layer of Llama 953M (docs/ALGORITHM.md 3.2): fused qkv, o, gate, up, down.
 LLAMA_953M_LAYER = {
@@ -128,12 +158,13 @@ def guarded(report: Report, deadline: Deadline, check: str, need: float, fn: Cal
         report.not_run.append(check)
         report.row(check, f"not run: {max(0.0, deadline.left()):.0f} s of the budget left, about {need:.0f} s needed")
         return
+    start = time.monotonic()
     try:
         result, ok = fn()
     except Exception as error:  # a row's failure must not take the report with it
         traceback.print_exc()  # the whole chain, into the log (gpu_day.sh keeps it)
         result, ok = describe(error), False
-    report.row(check, result.replace("|", "/"), ok)
+    report.row(check, f"{result.replace('|', '/')} ({time.monotonic() - start:.1f} s)", ok)
 
 
 def describe(error: BaseException) -> str:
@@ -330,13 +361,23 @@ def compiled_variants(dry_run: bool, solver: str) -> dict[str, dict]:
     return {name: kw for name, kw in variants.items() if not (solver == "eigh" and kw.get("mode"))}
 
 
+def peak_flops(device: torch.device, precision: str) -> float:
+    """FLOP/s of a large batched product with ``precision``'s operands on ``device``, measured now
+    (float32 accumulation: the kernel the step's products run)."""
+    n, k = (4096, 8) if device.type == "cuda" else (256, 4)
+    a, b = torch.randn(k, n, n, device=device), torch.randn(k, n, n, device=device)
+    product = products_for(precision, device)
+    product(a, b)
+    return 2 * k * n**3 / median_seconds(lambda: product(a, b), 5, device)
+
+
 def timing_rows(report: Report, deadline: Deadline, args, device, shapes, block: int, label: str) -> None:
     """One step_bench table per solver, each in its own guarded row, its rows written to the
-    report as each implementation finishes."""
+    report as each implementation finishes; the sequential baseline takes the same root order."""
     peaks: list[float] = []
 
     def measure_peak() -> tuple[str, bool]:
-        peaks.append(matmul_peak(device))
+        peaks.append(peak_flops(device, "float32"))
         return f"{peaks[0] / 1e12:.2f} TFLOP/s", True
 
     guarded(report, deadline, "float32 matmul peak", 10, measure_peak)
@@ -347,32 +388,173 @@ def timing_rows(report: Report, deadline: Deadline, args, device, shapes, block:
             report.row("eigh: CUDA-graph rows", f"not timed: {EIGH_NOT_GRAPHED}")
 
         def table(solver=solver, variants=variants) -> tuple[str, bool]:
-            before = cudagraph_skips()
-            report.line()
-            report.line("\n".join(markdown([]).splitlines()[:2]))  # the table's header; rows follow as they come
-            try:
-                new = bench(
-                    shapes,
-                    label,
-                    block,
-                    solver,
-                    device,
-                    args.reps,
-                    peaks[0] if peaks else float("nan"),
-                    variants,
-                    warmup=WARMUP,
-                    on_row=lambda row: report.line(markdown([row]).splitlines()[2]),
-                )
-            finally:
-                torch._dynamo.reset()  # frees the graphs and CUDA-graph pools before the next table
-                report.line()
+            new, skips = timed_table(report, device, shapes, label, block, solver, args.reps, peaks, variants)
             rows.extend(new)
-            skips = cudagraph_skips() - before
             return f"{len(new)} rows (above); CUDA-graph skips {skips}", skips == 0
 
-        guarded(report, deadline, f"{solver}: step times, {label}", 60 if args.dry_run else 150, table)
+        guarded(report, deadline, f"{solver}: step times, {label}", 60 if args.dry_run else 120, table)
     if rows:
         report.line(speedups(rows))
+
+
+def timed_table(report, device, shapes, label, block, solver, reps, peaks, variants, **options):
+    """A step_bench table written to the report row by row; returns (rows, CUDA-graph skips)."""
+    before = cudagraph_skips()
+    report.line()
+    report.line("\n".join(markdown([]).splitlines()[:2]))  # the table's header; rows follow as they come
+    try:
+        rows = bench(
+            shapes,
+            label,
+            block,
+            solver,
+            device,
+            reps,
+            peaks[0] if peaks else float("nan"),
+            variants,
+            warmup=WARMUP,
+            on_row=lambda row: report.line(markdown([row]).splitlines()[2]),
+            **options,
+        )
+    finally:
+        torch._dynamo.reset()  # frees the graphs and CUDA-graph pools before the next table
+        report.line()
+    return rows, cudagraph_skips() - before
+
+
+def shipped_step(device: torch.device, shapes: dict, config: dash_fn.DashConfig, compile, reps: int) -> float:
+    """Median seconds of the functional step of ``config`` as a training loop calls it (no
+    refresh flag under the staggered schedule: every step the same program), compiled with
+    ``compile`` options (None: eager); fixed input buffers, as under CUDA graphs they must be."""
+    gen = torch.Generator().manual_seed(0)
+    params = {k: torch.randn(s, generator=gen).to(device) for k, s in shapes.items()}
+    grads = {k: torch.randn(s, generator=gen).to(device) for k, s in shapes.items()}
+    for x in (*params.values(), *grads.values()):
+        torch._dynamo.mark_static_address(x, guard=False)
+    state = dash_fn.init(params, config)
+    step = dash_fn.step if compile is None else torch.compile(dash_fn.step, fullgraph=True, **compile)
+    graphs = compile is not None and compile.get("mode") == "reduce-overhead"
+    lr = torch.tensor(1e-3, device=device)
+
+    def one() -> None:
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        new, _ = step(params, grads, state, lr=lr, refresh=dash_fn.is_refresh_step(config, 1))
+        for k in params:
+            params[k].copy_(new[k])
+
+    for _ in range(WARMUP):
+        one()
+    return median_seconds(one, reps, device)
+
+
+def adamw_step(device: torch.device, shapes: dict, reps: int) -> float:
+    """Median seconds of torch.optim.AdamW's (foreach) step on the same parameters."""
+    gen = torch.Generator().manual_seed(0)
+    params = [torch.randn(s, generator=gen).to(device).requires_grad_(True) for s in shapes.values()]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(params, lr=1e-3, foreach=True)
+    opt.step()
+    return median_seconds(opt.step, reps, device)
+
+
+def shipped_rows(report: Report, deadline: Deadline, args, device, shapes, blocks, label, cuda_graphs) -> None:
+    """The defaults as a user's GPU runs them (staggered, coupled Newton's cube roots, the
+    default precision), compiled (with CUDA graphs on a GPU) and eager, at each block size and
+    in the eigenvalue-corrected mode; each beside AdamW's step on the same layer."""
+    adamw: list[float] = []
+
+    def adamw_row() -> tuple[str, bool]:
+        adamw.append(adamw_step(device, shapes, args.reps))
+        return f"{1e3 * adamw[0]:.2f} ms", True
+
+    guarded(report, deadline, f"shipped: torch AdamW (foreach), {label}", 10, adamw_row)
+    modes = (("DashConfig()", {}), ("eigenvalue-corrected", {"preconditioner": "eigenvalue_corrected"}))
+    for block in blocks:
+        for mode, options in modes:
+            config = dash_fn.DashConfig(block_size=block, **options)
+
+            def row(config=config) -> tuple[str, bool]:
+                before = cudagraph_skips()
+                try:
+                    graphed = shipped_step(device, shapes, config, cuda_graphs, args.reps)
+                finally:
+                    torch._dynamo.reset()
+                skips = cudagraph_skips() - before
+                eager = shipped_step(device, shapes, config, None, args.reps)
+                ratio = f"; {graphed / adamw[0]:.1f}x AdamW's step" if adamw else ""
+                return (
+                    f"compiled{' + CUDA graphs' if device.type == 'cuda' else ''} {1e3 * graphed:.2f} ms, eager "
+                    f"{1e3 * eager:.2f} ms per step{ratio}; CUDA-graph skips {skips}",
+                    skips == 0,
+                )
+
+            name = f"shipped: {mode}, block {block}, precision {config.precision}, {label}"
+            guarded(report, deadline, name, 30 if args.dry_run else 60, row)
+
+
+def precision_rows(report: Report, deadline: Deadline, args, device, shapes, block, label, cuda_graphs) -> None:
+    """Plain and refresh steps of coupled Newton (the GPU's solver for the default cube roots)
+    at each precision, with % of that precision's own peak; the sequential baseline and AdamW
+    once, in float32."""
+    variants = {"dash_fn compiled" + (" + CUDA graphs" if device.type == "cuda" else ""): cuda_graphs}
+    for precision in PRECISIONS:
+
+        def row(precision=precision) -> tuple[str, bool]:
+            peak = peak_flops(device, precision)
+            report.line(f"\n{precision}: peak of its products {peak / 1e12:.2f} TFLOP/s")
+            options = {"options": {"precision": precision}, "baselines": precision == "float32"}
+            rows, skips = timed_table(
+                report, device, shapes, label, block, "cn", args.reps, [peak], variants, **options
+            )
+            return f"{len(rows)} rows (above); peak {peak / 1e12:.2f} TFLOP/s; CUDA-graph skips {skips}", skips == 0
+
+        name = f"precision {precision}: coupled Newton step times, {label}"
+        guarded(report, deadline, name, 30 if args.dry_run else 60, row)
+
+
+def training_rows(report: Report, deadline: Deadline, args, device) -> None:
+    """A whole training step: examples/train_lm.py for AdamW, Muon and DASH (its defaults, so its
+    default precision), its summary table (ms per step, final loss, AdamW's steps and seconds
+    to its final loss) in the report."""
+    if args.dry_run:
+        size = ["--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--steps", "4", "--batch", "2"]
+        size += ["--eval-every", "2", "--eval-batches", "1", "--backend", "aot_eager", "--corpus-bytes", "200000"]
+    else:  # size l with 32x the scaling study's batch (32,768 tokens a step)
+        size = ["--size", "l", "--steps", "300", "--batch", "512", "--eval-every", "50"]
+    runs = ["adamw@0.001", "muon@0.003", "dash-defaults@0.001"]
+
+    def row() -> tuple[str, bool]:
+        with tempfile.TemporaryDirectory() as out:
+            command = [sys.executable, os.path.join(ROOT, "examples", "train_lm.py"), *size, "--runs", *runs]
+            command += ["--device", device.type, "--out", out, "--no-progress", "--seeds", "0"]
+            env = {**os.environ, "DASH_FN_SIMULATE_ACCELERATOR": "1" if args.dry_run else ""}
+            left = max(30.0, deadline.left() + WATCHDOG_AFTER - 10)
+            done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=left)
+            summary = os.path.join(out, "summary.md")
+            if done.returncode or not os.path.exists(summary):
+                return f"train_lm failed ({done.returncode}): {' '.join(done.stderr.split()[-60:])}", False
+            report.line()
+            with open(summary) as f:
+                report.line(f.read().strip())
+            report.line()
+        return f"{' '.join(runs)} (summary above)", True
+
+    guarded(report, deadline, "training: examples/train_lm.py, AdamW, Muon and DASH", 60 if args.dry_run else 150, row)
+
+
+def accuracy_rows(report: Report, deadline: Deadline, args, device, small, block) -> None:
+    """Each solver's float32 steps on the device against float64 on the CPU."""
+    for solver in ("cn", "ndb", "eigh"):
+
+        def agreement(solver=solver) -> tuple[str, bool]:
+            on_device, on_cpu = accuracy(device, small, block, solver)
+            limit = FLOAT32_FACTOR * on_cpu + FLOAT32_FLOOR
+            return f"{on_device:.1e} (float32 on the CPU: {on_cpu:.1e}; limit {limit:.1e})", on_device <= limit
+
+        check = f"{solver}: float32 on {device.type} vs float64 on CPU, 12 steps, max relative difference"
+        guarded(report, deadline, check, 20 if args.dry_run else 60, agreement)
 
 
 def run(args, report: Report) -> None:
@@ -380,41 +562,48 @@ def run(args, report: Report) -> None:
     if args.dry_run:
         device, shapes, block, width, small, label = torch.device("cpu"), TINY_LAYER, 16, 16, TINY_LAYER, "tiny"
         cuda_graphs = {"backend": "aot_eager"}
+        blocks = (8, 16)
         name = "CPU (dry run, accelerator strategy simulated)"
+        tf32 = "n/a"
     else:
         if not torch.cuda.is_available():
             raise SystemExit("gpu_check.py needs CUDA; use --dry-run to check the script on CPU")
         device, shapes, block, width, label = torch.device("cuda"), LLAMA_953M_LAYER, 1024, 512, "953M layer"
         small = {k: (r // 8, c // 8) for k, (r, c) in shapes.items()}  # the CPU's float64 run stays short
         cuda_graphs = {"backend": "inductor", "mode": "reduce-overhead"}
-        torch.backends.cuda.matmul.allow_tf32 = False
+        blocks = (256, 1024)
         # a graph that CUDA graphs would skip raises, with Inductor's reason, instead of running uncaptured
         torch._inductor.config.triton.cudagraph_or_error = True
         name = torch.cuda.get_device_name()
+        tf32 = torch.backends.cuda.matmul.fp32_precision
     import tensordict
 
+    sections = [s for s in SECTIONS if s in (args.only or SECTIONS) and s not in args.skip]
     report.line(
-        f"{name}, torch {torch.__version__}, tensordict {tensordict.__version__}, TF32 off, budget {args.budget:.0f} s"
+        f"{name}, torch {torch.__version__}, tensordict {tensordict.__version__}, float32 products: torch's "
+        f"fp32_precision {tf32!r}, budget {args.budget:.0f} s, sections {', '.join(sections)}"
     )
     report.line()
     report.line("| check | result |")
     report.line("|---|---|")
     torch._dynamo.utils.counters.clear()
-    sync_and_graph_rows(report, deadline, device, width, min(block, 256), cuda_graphs)
-    for solver in ("ndb", "cn", "eigh"):
-
-        def agreement(solver=solver) -> tuple[str, bool]:
-            on_device, on_cpu = accuracy(device, small, min(block, 256), solver)
-            limit = FLOAT32_FACTOR * on_cpu + FLOAT32_FLOOR
-            return f"{on_device:.1e} (float32 on the CPU: {on_cpu:.1e}; limit {limit:.1e})", on_device <= limit
-
-        check = f"{solver}: float32 on {device.type} vs float64 on CPU, 12 steps, max relative difference"
-        guarded(report, deadline, check, 20 if args.dry_run else 60, agreement)
-    try:
-        torch._dynamo.reset()
-    except Exception as error:  # a sticky device error: the rows after it fail on their own
-        report.row("reset between sections", describe(error), False)
-    timing_rows(report, deadline, args, device, shapes, block, label)
+    for section in sections:
+        if section == "shipped":
+            shipped_rows(report, deadline, args, device, shapes, blocks, label, cuda_graphs)
+        elif section == "precision":
+            precision_rows(report, deadline, args, device, shapes, block, label, cuda_graphs)
+        elif section == "syncs":
+            sync_and_graph_rows(report, deadline, device, width, min(block, 256), cuda_graphs)
+        elif section == "accuracy":
+            accuracy_rows(report, deadline, args, device, small, min(block, 256))
+        elif section == "solvers":
+            timing_rows(report, deadline, args, device, shapes, block, label)
+        elif section == "training":
+            training_rows(report, deadline, args, device)
+        try:
+            torch._dynamo.reset()
+        except Exception as error:  # a sticky device error: the rows after it fail on their own
+            report.row(f"reset after {section}", describe(error), False)
     report.line()
     verdict = f"FAILED: {', '.join(report.failures)}" if report.failures else "every check that ran passed"
     not_run = f"; {len(report.not_run)} not run (budget)" if report.not_run else ""
@@ -428,7 +617,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--dry-run", action="store_true", help="CPU, tiny shapes, aot_eager, the accelerator strategy simulated"
     )
-    parser.add_argument("--solver", nargs="+", default=["ndb", "cn", "eigh"], help="root solvers to time")
+    parser.add_argument(
+        "--solver", nargs="+", default=["cn", "ndb", "eigh"], help="root solvers of the solvers section's tables"
+    )
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, default=[], help="run only these sections")
+    parser.add_argument("--skip", nargs="+", choices=SECTIONS, default=[], help="leave these sections out")
     parser.add_argument("--reps", type=int, default=10, help="timed steps per row (median)")
     parser.add_argument(
         "--budget",
@@ -441,12 +634,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         args.reps = 1
     report = Report(args.out)
-    # should a row hang past the budget, the log shows where (a killed run writes no traceback)
-    faulthandler.dump_traceback_later(args.budget + 120, exit=False)
+    # should a row hang past the budget, the log shows where before the command is killed (a
+    # killed run writes no traceback), and again every 30 s
+    faulthandler.dump_traceback_later(args.budget + WATCHDOG_AFTER, repeat=False, exit=False)
+    repeat = threading.Timer(args.budget + WATCHDOG_AFTER + 1, faulthandler.dump_traceback_later, (30, True))
+    repeat.daemon = True
+    repeat.start()
     try:
         with simulated_accelerator() if args.dry_run else contextlib.nullcontext():
             run(args, report)
     finally:
+        repeat.cancel()
         faulthandler.cancel_dump_traceback_later()
         report.close()
     return 1 if report.failures else 0

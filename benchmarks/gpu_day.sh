@@ -3,6 +3,8 @@
 #
 #   bash benchmarks/gpu_day.sh fetch                 # here, where pip reaches the package registry:
 #                                                    # the wheels the GPU machine lacks, into .whl/
+#   bash benchmarks/gpu_day.sh check                 # here, before the GPU machine starts: every
+#                                                    # wheel is in .whl/ (exit 2 names the missing)
 #   bash benchmarks/gpu_day.sh run OUT [BUDGET] [ARGS...]  # there: installs them into a temporary
 #                                                    # site directory, runs benchmarks/gpu_check.py
 #
@@ -19,7 +21,25 @@ PYTHON=${PYTHON:-python3}
 # (it ships numpy and cloudpickle); both are pure Python, which `run` relies on
 WANTED=("tensordict==0.15.3" "pyvers>=0.2,<0.3")
 
+# the wheel files `check` and `run` require, one pattern each
+NEEDED=("tensordict-0.15.3-*.whl" "pyvers-*.whl")
+
+missing_wheels() {
+    local pattern
+    for pattern in "${NEEDED[@]}"; do
+        compgen -G "$WHEELS/$pattern" > /dev/null || echo "$pattern"
+    done
+}
+
 case "${1:-}" in
+check)
+    missing=$(missing_wheels)
+    if [[ -n $missing ]]; then
+        echo "gpu_day.sh: missing in $WHEELS: $missing; run 'bash benchmarks/gpu_day.sh fetch' where pip works" >&2
+        exit 2
+    fi
+    echo "gpu_day.sh: every wheel is in $WHEELS"
+    ;;
 fetch)
     mkdir -p "$WHEELS"
     PIP_CONSTRAINT=/dev/null "$PYTHON" -m pip download -q --no-deps --only-binary=:all: \
@@ -43,8 +63,9 @@ run)
         echo "gpu_day.sh: $PYTHON lacks torch, numpy or cloudpickle: fetch them as wheels too" >&2
         exit 2
     }
-    ls "$WHEELS"/tensordict-*.whl > /dev/null || {
-        echo "gpu_day.sh: no wheels in $WHEELS: run 'bash benchmarks/gpu_day.sh fetch' where pip works" >&2
+    missing=$(missing_wheels)
+    [[ -z $missing ]] || {
+        echo "gpu_day.sh: missing in $WHEELS: $missing; run 'bash benchmarks/gpu_day.sh fetch' where pip works" >&2
         exit 2
     }
     site=$(mktemp -d)
@@ -60,7 +81,7 @@ run)
     exit "${PIPESTATUS[0]}"
     ;;
 *)
-    sed -n '2,12p' "$0" >&2
+    sed -n '2,14p' "$0" >&2
     exit 2
     ;;
 esac

@@ -12,11 +12,14 @@ import torch
 
 import dash_fn
 from dash_fn.roots import SOLVERS, start_vectors, uses_start_vectors
+from dash_fn.roots.matmul import products_for
 
 
 class SequentialShampoo:
     def __init__(self, params: dict[str, torch.Tensor], config: dash_fn.DashConfig):
         self.config = config
+        device = next(iter(params.values())).device
+        self.products = products_for(config.precision, device)
         self.t = 0
         self.blocks = {}
         B = config.block_size
@@ -45,7 +48,10 @@ class SequentialShampoo:
             self.blocks[name] = entries
 
     def _root(self, X: torch.Tensor) -> torch.Tensor:
-        return SOLVERS[self.config.solver](X[None], 4, self.config, self.start.get(X.shape[-1]))[0]
+        """The block's inverse root of the config's order, its products in the config's precision,
+        as dash_fn's step takes them: the same math, one block at a time."""
+        p, c = self.config.resolved_root_order, self.config
+        return SOLVERS[c.solver](X[None], p, c, self.start.get(X.shape[-1]), self.products.of(c.solver))[0]
 
     @torch.no_grad()
     def step(self, params: dict, grads: dict, lr: float, refresh: bool) -> dict:
@@ -61,15 +67,15 @@ class SequentialShampoo:
             for blk in self.blocks[name]:
                 r0, r1, c0, c1 = blk["where"]
                 G = G2[r0:r1, c0:c1]
-                blk["L"].mul_(c.beta_LR).addmm_(G, G.T, alpha=1 - c.beta_LR)
-                blk["R"].mul_(c.beta_LR).addmm_(G.T, G, alpha=1 - c.beta_LR)
+                blk["L"].mul_(c.beta_LR).add_(self.products(G[None], G.T[None])[0], alpha=1 - c.beta_LR)
+                blk["R"].mul_(c.beta_LR).add_(self.products(G.T[None], G[None])[0], alpha=1 - c.beta_LR)
                 blk["A"].mul_(c.beta_graft).addcmul_(G, G, value=1 - c.beta_graft)
                 blk["Gt"].lerp_(G, 1 - c.beta_G)
                 if refresh:
                     blk["Lbar"] = self._root(blk["L"])
                     blk["Rbar"] = self._root(blk["R"])
                 D = (blk["Gt"] / bc_G) / ((blk["A"] / bc_A).sqrt() + c.eps_graft)
-                U = blk["Lbar"] @ blk["Gt"] @ blk["Rbar"]
+                U = self.products(self.products(blk["Lbar"][None], blk["Gt"][None]), blk["Rbar"][None])[0]
                 view[r0:r1, c0:c1] -= (lr * D.norm() / (U.norm() + 1e-16)) * U
             out[name] = new
         return out

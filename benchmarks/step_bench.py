@@ -90,23 +90,31 @@ def plain_flops(plan) -> int:
 
 
 def products_per_root(solver: str, p: int, config) -> int | None:
-    """b x b products of one inverse p-th root (p = 2 or 4): NDB runs log2(p) square-root
+    """b x b products of one inverse p-th root: NDB (p a power of two) runs log2(p) square-root
     chains of 3 (T - 1) products (its last half-iterate skipped), coupled Newton
-    (log2(p) + 2)(T - 1), Chebyshev degree - 1 (Clenshaw); None for eigh."""
-    T, chains = config.newton_steps, {2: 1, 4: 2}[p]
-    return {"ndb": chains * 3 * (T - 1), "cn": (chains + 2) * (T - 1), "chebyshev": config.cheb_degree - 1}.get(solver)
+    (floor(log2 p) + popcount(p) + 1)(T - 1) (``C^p M`` by repeated squaring, and ``Y C``),
+    Chebyshev degree - 1 (Clenshaw); None for eigh."""
+    T = config.newton_steps
+    counts = {
+        "ndb": (p.bit_length() - 1) * 3 * (T - 1),
+        "cn": (p.bit_length() - 1 + bin(p).count("1") + 1) * (T - 1),
+        "chebyshev": config.cheb_degree - 1,
+    }
+    return counts.get(solver)
 
 
 def solver_flops(plan, config) -> int | None:
-    """Matmul FLOPs of one refresh of every root (None for eigh, which is no matmul chain)."""
-    if products_per_root(config.solver, 4, config) is None:
+    """Matmul FLOPs of one refresh of every root (None for eigh, which is no matmul chain):
+    matrix blocks' roots of the config's order, one-sided segments' square roots."""
+    if products_per_root(config.solver, 2, config) is None:
         return None
-    return sum(2 * products_per_root(config.solver, f.order, config) * f.count * f.size**3 for f in plan.factors)
+    order = {4: config.resolved_root_order, 2: 2}
+    return sum(2 * products_per_root(config.solver, order[f.order], config) * f.count * f.size**3 for f in plan.factors)
 
 
-def make_impls(shapes, config, device, compiled_variants: dict[str, dict]):
+def make_impls(shapes, config, device, compiled_variants: dict[str, dict], baselines: bool = True):
     """name -> (plain_fn, refresh_fn, state bytes or None); compiled_variants maps a row name
-    to torch.compile keyword arguments."""
+    to torch.compile keyword arguments; ``baselines`` adds the sequential loop and AdamW."""
     gen = torch.Generator(device="cpu").manual_seed(0)
     params = {k: torch.randn(s, generator=gen).to(device) for k, s in shapes.items()}
     grads = {k: torch.randn(s, generator=gen).to(device) for k, s in shapes.items()}
@@ -130,6 +138,8 @@ def make_impls(shapes, config, device, compiled_variants: dict[str, dict]):
             lambda f=step_fn, s=state, g=name in graphed: call(f, s, True, g),
             state_bytes(state),
         )
+    if not baselines:
+        return params, impls
     seq = SequentialShampoo(params, config)
     impls["sequential per-block"] = (
         lambda: seq.step(params, grads, 1e-3, refresh=False),
@@ -160,6 +170,8 @@ def bench(
     compiled_variants: dict[str, dict],
     warmup: int = 1,
     on_row: Callable[[dict], object] | None = None,
+    options: dict | None = None,
+    baselines: bool = True,
 ):
     """Rows of the table for one layer (``label`` names it in the d_model column), each also
     passed to ``on_row`` as soon as it is measured. Each implementation first runs ``warmup``
@@ -167,14 +179,14 @@ def bench(
     timed). On CUDA the peak memory is read over the warm-up after its first call (the
     compiler's own memory), so it sees CUDA graphs allocate their pool while recording; on the
     CPU over one step after the warm-up (the resident-set high-water mark would count the
-    compiler's memory)."""
-    config = dash_fn.DashConfig(
-        block_size=block_size, solver=solver, refresh_schedule="periodic"
-    )  # plain, refresh apart
+    compiler's memory). ``options``: further DashConfig fields (a precision, a root order);
+    ``baselines``: also the sequential per-block loop and AdamW."""
+    # plain and refresh steps apart
+    config = dash_fn.DashConfig(block_size=block_size, solver=solver, refresh_schedule="periodic", **(options or {}))
     plan = dash_fn.init({k: torch.empty(s, device="meta") for k, s in shapes.items()}, config)["plan"]
     n_params = sum(a * b for a, b in shapes.values())
     flops_plain, flops_solver = plain_flops(plan), solver_flops(plan, config)
-    params, impls = make_impls(shapes, config, device, compiled_variants)
+    params, impls = make_impls(shapes, config, device, compiled_variants, baselines)
     rows = []
     for name, (plain, refresh, nbytes) in impls.items():
 

@@ -405,7 +405,11 @@ def summarize(logs: list[dict], args) -> str:
 
 
 def plot(logs: list[dict], path: Path) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # a bare machine (the GPU check's): the log and the summary are written
+        print("matplotlib is not installed: no loss plot")
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -15,15 +15,36 @@ import step_bench  # noqa: E402
 
 @pytest.mark.compat
 def test_gpu_check_dry_run(tmp_path):
+    """Every section and row of the GPU check, each with its seconds: the shipped defaults, each
+    precision's table against its own peak, the syncs, accuracy, every solver's table and a
+    whole training step of AdamW, Muon and DASH."""
     report = tmp_path / "gpu.md"
-    assert gpu_check.main(["--dry-run", "--solver", "ndb", "--out", str(report)]) == 0
+    assert gpu_check.main(["--dry-run", "--out", str(report)]) == 0
     out = report.read_text()
-    assert "| dash_fn compiled (aot_eager) | tiny | 16 | ndb |" in out
+    for block in (8, 16):
+        assert f"| shipped: DashConfig(), block {block}, precision float32, tiny | compiled " in out
+        assert f"| shipped: eigenvalue-corrected, block {block}, precision float32, tiny | compiled " in out
+    for precision in gpu_check.PRECISIONS:
+        assert f"| precision {precision}: coupled Newton step times, tiny | " in out
+        assert f"{precision}: peak of its products " in out
+    for solver in ("cn", "ndb", "eigh"):
+        assert f"| dash_fn compiled (aot_eager) | tiny | 16 | {solver} |" in out
+        assert f"| {solver}: float32 on cpu vs float64 on CPU" in out
     assert "sequential per-block" in out and "torch AdamW (foreach)" in out
-    assert "| adapter, eager | no sync in 5 steps |" in out  # counted under the simulated accelerator strategy
-    assert "| functional step, compiled | ran 5 steps" in out and "from eager (limit 1e-04) |" in out
-    assert "| ndb: float32 on cpu vs float64 on CPU" in out
+    assert "| adapter, eager | no sync in 5 steps (" in out  # counted under the simulated accelerator strategy
+    assert "| functional step, compiled | ran 5 steps" in out and "from eager (limit 1e-04) (" in out
+    assert "| dash-defaults@0.001 | 1 |" in out and "| muon@0.003 | 1 |" in out  # train_lm's summary
+    assert all(line.endswith(" s) |") for line in out.splitlines() if line.startswith(("| shipped", "| precision")))
     assert "every check that ran passed" in out.splitlines()[-1]
+
+
+def test_gpu_check_sections_are_chosen(tmp_path):
+    report = tmp_path / "gpu.md"
+    assert gpu_check.main(["--dry-run", "--only", "accuracy", "syncs", "--skip", "syncs", "--out", str(report)]) == 0
+    checks = [line.split(" | ")[0][2:] for line in report.read_text().splitlines()[4:] if line.startswith("| ")]
+    assert checks == [
+        f"{s}: float32 on cpu vs float64 on CPU, 12 steps, max relative difference" for s in ("cn", "ndb", "eigh")
+    ]
 
 
 def test_gpu_check_keeps_going_after_a_failed_row_and_fails_the_run(tmp_path, monkeypatch):
@@ -38,12 +59,12 @@ def test_gpu_check_keeps_going_after_a_failed_row_and_fails_the_run(tmp_path, mo
 
     monkeypatch.setattr(gpu_check, "accuracy", planted)
     monkeypatch.setattr(gpu_check, "timing_rows", lambda *args: later.append(True))
-    assert gpu_check.main(["--dry-run", "--out", str(report)]) == 1
+    assert gpu_check.main(["--dry-run", "--only", "syncs", "accuracy", "solvers", "--out", str(report)]) == 1
     out = report.read_text()
-    assert "| ndb: float32 on cpu vs float64 on CPU, 12 steps, max relative difference | RuntimeError: planted" in out
-    assert "test_benchmark_scripts.py:" in out and "planted) **FAILED** |" in out
+    assert "| cn: float32 on cpu vs float64 on CPU, 12 steps, max relative difference | RuntimeError: planted" in out
+    assert "test_benchmark_scripts.py:" in out and "planted) (" in out and " s) **FAILED** |" in out
     assert later == [True]
-    assert out.splitlines()[-1].startswith("FAILED: ndb: float32 on cpu vs float64 on CPU")
+    assert out.splitlines()[-1].startswith("FAILED: cn: float32 on cpu vs float64 on CPU")
 
 
 def test_gpu_check_fails_on_wrong_numbers(tmp_path, monkeypatch):
@@ -64,7 +85,7 @@ def test_gpu_check_fails_on_wrong_numbers(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_check, "accuracy", lambda device, shapes, block, solver: (1e-2, 1e-5))
     monkeypatch.setattr(gpu_check, "timing_rows", lambda *args: None)
     report = tmp_path / "gpu.md"
-    assert gpu_check.main(["--dry-run", "--out", str(report)]) == 1
+    assert gpu_check.main(["--dry-run", "--only", "syncs", "accuracy", "solvers", "--out", str(report)]) == 1
     failed = [line.split(" | ")[0][2:] for line in report.read_text().splitlines() if line.endswith("**FAILED** |")]
     assert failed == [
         "adapter, compiled",
@@ -72,15 +93,18 @@ def test_gpu_check_fails_on_wrong_numbers(tmp_path, monkeypatch):
         "functional step, spectral rule + eps_rel + nesterov_G, compiled",
         "functional step, the defaults (auto: coupled Newton, cube roots), compiled",
         "functional step, eigenvalue-corrected (auto: qr bases), compiled",
-        "ndb: float32 on cpu vs float64 on CPU, 12 steps, max relative difference",
         "cn: float32 on cpu vs float64 on CPU, 12 steps, max relative difference",
+        "ndb: float32 on cpu vs float64 on CPU, 12 steps, max relative difference",
         "eigh: float32 on cpu vs float64 on CPU, 12 steps, max relative difference",
     ]
     assert "1.0e-03 from eager (limit 1e-04)" in report.read_text()
     # the other way round (the device closer to float64 than the CPU's float32) passes
     monkeypatch.setattr(gpu_check, "accuracy", lambda device, shapes, block, solver: (1e-5, 1e-2))
     monkeypatch.setattr(gpu_check, "sync_and_graph_rows", lambda *args: None)
-    assert gpu_check.main(["--dry-run", "--out", str(report)]) == 0
+    assert gpu_check.main(["--dry-run", "--only", "syncs", "accuracy", "--out", str(report)]) == 0
+
+
+MODES = ("DashConfig()", "eigenvalue-corrected")
 
 
 def test_gpu_check_fails_a_row_that_cuda_graphs_skipped(tmp_path, monkeypatch):
@@ -88,9 +112,11 @@ def test_gpu_check_fails_a_row_that_cuda_graphs_skipped(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_check, "cudagraph_skips", lambda: next(skips))
     monkeypatch.setattr(gpu_check, "accuracy", lambda *args: (0.0, 0.0))
     report = tmp_path / "gpu.md"
-    assert gpu_check.main(["--dry-run", "--solver", "ndb", "--out", str(report)]) == 1
+    only = ["--only", "shipped", "syncs", "solvers"]
+    assert gpu_check.main(["--dry-run", *only, "--solver", "ndb", "--out", str(report)]) == 1
     failed = [line.split(" | ")[0][2:] for line in report.read_text().splitlines() if line.endswith("**FAILED** |")]
     assert failed == [
+        *(f"shipped: {mode}, block {b}, precision float32, tiny" for b in (8, 16) for mode in MODES),
         "adapter, compiled",
         "functional step, compiled",
         "functional step, spectral rule + eps_rel + nesterov_G, compiled",
@@ -112,7 +138,7 @@ def test_gpu_check_starts_no_row_past_its_budget(tmp_path):
     out = report.read_text()
     assert "| adapter, eager | not run: 0 s of the budget left" in out
     assert "| ndb: step times, tiny | not run:" in out and "| dash_fn eager |" not in out
-    assert "every check that ran passed; 17 not run (budget)" in out.splitlines()[-1]
+    assert "every check that ran passed; 27 not run (budget)" in out.splitlines()[-1]
 
 
 def test_step_bench_quick(capsys):

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The GPU check in two steps, for a GPU machine with torch but no network (docs/guide/accelerator.md, "Checking a GPU"):
+# The GPU check in three steps, for a GPU machine with torch but no network (docs/guide/accelerator.md, "Checking a GPU"):
 #
-#   bash benchmarks/gpu_day.sh fetch                 # here, where pip reaches the package registry:
-#                                                    # the wheels the GPU machine lacks, into .whl/
+#   DISTRIBUTED_SHAMPOO_SRC=DIR bash benchmarks/gpu_day.sh fetch   # here, where pip reaches the
+#                                                    # package registry: the wheels the GPU machine
+#                                                    # lacks, into .whl/, and Meta's Distributed Shampoo
+#                                                    # built from DIR, a checkout of
+#                                                    # github.com/facebookresearch/optimizers (not on PyPI)
 #   bash benchmarks/gpu_day.sh check                 # here, before the GPU machine starts: every
 #                                                    # wheel is in .whl/ (exit 2 names the missing)
 #   bash benchmarks/gpu_day.sh run OUT [BUDGET] [ARGS...]  # there: installs them into a temporary
@@ -22,7 +25,7 @@ PYTHON=${PYTHON:-python3}
 WANTED=("tensordict==0.15.3" "pyvers>=0.2,<0.3")
 
 # the wheel files `check` and `run` require, one pattern each
-NEEDED=("tensordict-0.15.3-*.whl" "pyvers-*.whl")
+NEEDED=("tensordict-0.15.3-*.whl" "pyvers-*.whl" "torch_shampoo-*-py3-none-any.whl")
 
 missing_wheels() {
     local pattern
@@ -33,7 +36,7 @@ missing_wheels() {
 
 case "${1:-}" in
 check)
-    missing=$(missing_wheels)
+    missing=$(missing_wheels | tr "\n" " ")
     if [[ -n $missing ]]; then
         echo "gpu_day.sh: missing in $WHEELS: $missing; run 'bash benchmarks/gpu_day.sh fetch' where pip works" >&2
         exit 2
@@ -41,7 +44,11 @@ check)
     echo "gpu_day.sh: every wheel is in $WHEELS"
     ;;
 fetch)
+    src=${DISTRIBUTED_SHAMPOO_SRC:?set DISTRIBUTED_SHAMPOO_SRC to a checkout of github.com/facebookresearch/optimizers}
     mkdir -p "$WHEELS"
+    # pure Python; its metadata asks for Python 3.12 (the GPU image's), so the build here ignores that
+    PIP_CONSTRAINT=/dev/null "$PYTHON" -m pip wheel -q --no-deps --no-build-isolation --ignore-requires-python \
+        -w "$WHEELS" "$src"
     PIP_CONSTRAINT=/dev/null "$PYTHON" -m pip download -q --no-deps --only-binary=:all: \
         --python-version "${GPU_PYTHON:-3.12}" --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
@@ -63,7 +70,7 @@ run)
         echo "gpu_day.sh: $PYTHON lacks torch, numpy or cloudpickle: fetch them as wheels too" >&2
         exit 2
     }
-    missing=$(missing_wheels)
+    missing=$(missing_wheels | tr "\n" " ")
     [[ -z $missing ]] || {
         echo "gpu_day.sh: missing in $WHEELS: $missing; run 'bash benchmarks/gpu_day.sh fetch' where pip works" >&2
         exit 2
@@ -81,7 +88,7 @@ run)
     exit "${PIPESTATUS[0]}"
     ;;
 *)
-    sed -n '2,14p' "$0" >&2
+    sed -n '2,17p' "$0" >&2
     exit 2
     ;;
 esac

@@ -145,11 +145,12 @@ class DashConfig:
         - ``precision`` = "float32": the operands of the step's large matrix products (factor
           products, root and basis iterations, preconditioning products, eigenvalue-corrected
           rotations): "float32", "tf32", "bfloat16" or "float16", with float32 accumulation
-          and float32 state either way; or "auto", per device: "bfloat16" on GPUs and on CPUs
-          with bf16 matrix units (AMX, AVX-512 BF16), "float32" elsewhere (results then
+          and float32 state either way; or "auto", per device: the accelerators' precision
+          (``dash_fn.roots.matmul.AUTO_ACCELERATOR``) on GPUs, "float32" on CPUs (results then
           differ across hardware by 16-bit rounding). A part unstable in a precision keeps
-          float32 (NDB under 16 bits, coupled Newton under bfloat16). Off a GPU, a precision
-          the CPU lacks is emulated: its numerics, not its speed (5.5, dash_fn.roots.matmul).
+          float32 (NDB below float32; coupled Newton and Chebyshev under bfloat16). On a CPU,
+          bfloat16 runs natively where it has bf16 units (AMX, AVX-512 BF16); a precision the
+          device lacks is emulated: its numerics, not its speed (5.5, dash_fn.roots.matmul).
 
     Storage:
         None keeps the state dtype, float32 for float32 parameters (3.5).

@@ -14,7 +14,7 @@ import torch
 
 import dash_fn
 from conftest import mixed_params, random_grads
-from dash_fn.roots.matmul import PLAIN, Products, cpu_has_bf16_units, products_for
+from dash_fn.roots.matmul import AUTO_ACCELERATOR, PLAIN, Products, cpu_has_bf16_units, products_for
 from dash_fn.strategy import simulated_accelerator
 from syncs import assert_one_graph_without_syncs
 
@@ -35,6 +35,10 @@ def rounded(x: torch.Tensor, precision: str) -> torch.Tensor:
         mantissa, exponent = torch.frexp(x)
         return torch.ldexp(torch.round(mantissa * 2.0**11) / 2.0**11, exponent)
     return x.to(getattr(torch, precision)).to(f64)
+
+
+def emulated(precision: str) -> Products:
+    return Products(precision, "emulated")
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -100,12 +104,14 @@ def test_inductor_keeps_the_rounding(precision):
 
 
 def test_auto_resolves_from_static_facts():
-    """auto: bfloat16 off the CPU and on CPUs with bf16 units, float32 elsewhere; float64 stacks
-    are never rounded; explicit float32 is the plain product on every device."""
-    assert products_for("auto", torch.device("cuda")) == Products("bfloat16", "tensor_core")
+    """auto: the accelerator's precision off the CPU, float32 on every CPU (so the suite keeps its
+    bits); bfloat16 natively where the CPU has bf16 units; float64 stacks are never rounded;
+    explicit float32 is the plain product on every device."""
+    assert products_for("auto", torch.device("cuda")) == Products(AUTO_ACCELERATOR, "tensor_core")
     assert products_for("tf32", torch.device("cuda")) == Products("tf32", "tensor_core")
-    cpu = products_for("auto", torch.device("cpu"))
-    assert cpu == (Products("bfloat16", "native_cpu") if cpu_has_bf16_units() else PLAIN)
+    assert products_for("auto", torch.device("cpu")) is PLAIN
+    native = Products("bfloat16", "native_cpu")
+    assert products_for("bfloat16", torch.device("cpu")) == (native if cpu_has_bf16_units() else emulated("bfloat16"))
     assert products_for("float16", torch.device("cpu"), f64) is PLAIN
     assert products_for("float32", torch.device("cuda")) is PLAIN
 

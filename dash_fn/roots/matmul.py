@@ -11,8 +11,7 @@ the working dtype; small products (power iteration's mat-vecs) stay there too.
 A part of the step that a precision cannot serve keeps float32 operands (:data:`STAYS_FLOAT32`):
 the Newton iterations amplify their own rounding where a 7-bit fraction is too coarse.
 
-``"auto"`` picks per device from static facts: on CUDA/XPU, :data:`AUTO_ACCELERATOR`; on a CPU
-with bf16 matrix instructions (AMX or AVX-512 BF16), :data:`AUTO_BF16_CPU`; elsewhere
+``"auto"`` picks per device from static facts: off the CPU, :data:`AUTO_ACCELERATOR`; on CPUs
 "float32". Its results therefore differ across hardware by 16-bit rounding, as TF32's do; an
 explicit "float32" gives the same bits everywhere.
 
@@ -70,19 +69,19 @@ def stacked_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a @ wide)[..., :n].contiguous()
 
 
-PRECISIONS = ("auto", "float32", "tf32", "bfloat16", "float16")
 LOW = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
-# what "auto" resolves to (docs/guide/configuration.md, "Precision", gives the training runs
-# that chose them)
+# What "auto" resolves to off the CPU: the fastest precision whose training loss held within
+# 0.005 of float32's, paired by seed (docs/guide/configuration.md, "Precision"). On CPUs it is
+# float32: on AVX-512 BF16 the eager step, the CPU's default form, measured no faster in bf16,
+# and AMX is not measured yet (benchmarks/RESULTS.md, "Precision of the products").
 AUTO_ACCELERATOR = "bfloat16"
-AUTO_BF16_CPU = "bfloat16"
 
 # The parts of a step, and those that keep float32 operands under a precision, with the reason.
 # The rule: an iteration keeps float32 where the precision moves its result by more than 5% of
 # the float32 iteration's on blocks of condition 1e4 (benchmarks/precision_numerics.py; the
 # figures are in benchmarks/RESULTS.md, "Precision").
-PARTS = ("factors", "precondition", "rotate", "cn", "ndb", "chebyshev", "qr")
+PARTS = ("factors", "precondition", "rotate", "cn", "ndb", "chebyshev", "qr", "eigh")
 STAYS_FLOAT32: dict[str, dict[str, str]] = {
     "bfloat16": {
         "cn": "coupled Newton's C^p M products amplify a 7-bit fraction's rounding (bf16 CN diverges in the paper)",
@@ -118,9 +117,7 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     """The precision a config's setting means on ``device``: "auto" resolved, others as given."""
     if precision != "auto":
         return precision
-    if device.type != "cpu":
-        return AUTO_ACCELERATOR
-    return AUTO_BF16_CPU if cpu_has_bf16_units() else "float32"
+    return "float32" if device.type == "cpu" else AUTO_ACCELERATOR
 
 
 @torch.library.custom_op("dash_fn::round_to", mutates_args=())
@@ -180,6 +177,8 @@ class Products:
     def of(self, part: str) -> Products:
         """The products of ``part`` (:data:`PARTS`): float32 operands where the part is
         unstable in this precision (:data:`STAYS_FLOAT32`)."""
+        if part not in PARTS:
+            raise ValueError(f"Products.of: unknown part {part!r}, expected one of {PARTS}")
         if self.precision in STAYS_FLOAT32 and part in STAYS_FLOAT32[self.precision]:
             return PLAIN
         return self

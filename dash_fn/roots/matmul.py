@@ -73,8 +73,9 @@ LOW = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # What "auto" resolves to off the CPU: the fastest precision whose training loss held within
 # 0.005 of float32's, paired by seed (docs/guide/configuration.md, "Precision"). On CPUs it is
-# float32: on AVX-512 BF16 the eager step, the CPU's default form, measured no faster in bf16,
-# and AMX is not measured yet (benchmarks/RESULTS.md, "Precision of the products").
+# float32: on AVX-512 BF16 bf16 gained 1.2x at most at a 10-step refresh (the eager step none in
+# one of two measurements), AMX is not measured yet (benchmarks/RESULTS.md, "Precision of the
+# products"), and float32 keeps the CPU's results the same bits on every CPU.
 AUTO_ACCELERATOR = "bfloat16"
 
 # The parts of a step, and those that keep float32 operands under a precision, with the reason.

@@ -91,15 +91,19 @@ def test_float16_operands_are_scaled_into_range():
 
 
 @pytest.mark.inductor
-@pytest.mark.parametrize("precision", ["tf32", "bfloat16"])
-def test_inductor_keeps_the_rounding(precision):
-    """Compiled by Inductor, the emulated products keep their rounding (a fused
-    ``x.to(bf16).to(float32)`` pair would be elided): the compiled product is the eager one."""
-    product = Products(precision, "emulated")
+@pytest.mark.parametrize(
+    "precision,kernel", [("tf32", "emulated"), ("bfloat16", "emulated"), ("bfloat16", "native_cpu")]
+)
+def test_inductor_keeps_the_rounding(precision, kernel):
+    """Compiled by Inductor, the products keep their rounding (a fused ``x.to(bf16).to(float32)``
+    pair would be elided): the compiled product is the eager one, not the float32 product."""
+    product = Products(precision, kernel)
     a, b = operands()
     compiled = torch.compile(lambda a, b: product(a * 1.0, b * 1.0), fullgraph=True, backend="inductor")
     got = compiled(a, b)
-    assert rel_err(got, rounded(a, precision) @ rounded(b, precision)) < 1e-6
+    assert rel_err(got, product(a, b).to(f64)) < 1e-6
+    if kernel == "emulated":
+        assert rel_err(got, rounded(a, precision) @ rounded(b, precision)) < 1e-6
     assert rel_err(got, a.to(f64) @ b.to(f64)) > 0.05 * ROUNDOFF[precision]
 
 

@@ -162,6 +162,43 @@ def rate_table(sizes: list[str], base: str) -> str:
     return "\n".join(lines)
 
 
+def precision_rows(size: str) -> list[str]:
+    """Each ``precision-...-P`` label paired by seed with its float32 partner (the same label
+    with ``float32``) at the same rate, over seeds whose two runs were made on one machine: the
+    issue-53 criterion is a paired difference within 0.005."""
+    runs = [r for r in load(size) if r["optimizer"].startswith("precision-")]
+    by_key = {(r["optimizer"], r["lr"], r["seed"]): r for r in runs}
+    lines = []
+    for label in sorted({r["optimizer"] for r in runs}):
+        stem, precision = label.rsplit("-", 1)
+        if precision == "float32":
+            continue
+        for lr in sorted({r["lr"] for r in runs if r["optimizer"] == label}):
+            pairs = [
+                (r, by_key.get((f"{stem}-float32", lr, r["seed"])))
+                for r in runs
+                if r["optimizer"] == label and r["lr"] == lr
+            ]
+            pairs = [(r, f) for r, f in pairs if f is not None and r.get("machine") == f.get("machine")]
+            if not pairs:
+                continue
+            differences = [r["val_loss"][-1] - f["val_loss"][-1] for r, f in pairs]
+            per_seed = ", ".join(f"{r['seed']}: {d:+.4f}" for (r, _), d in zip(pairs, differences))
+            worst = max(abs(d) for d in differences)
+            losses = mean_std([r["val_loss"][-1] for r, _ in pairs])
+            lines.append(
+                f"| {size} | {label} | {lr:g} | {losses} | {paired(differences)} | {per_seed} | "
+                f"{'yes' if worst <= 0.005 else 'no'} |"
+            )
+    return lines
+
+
+PRECISION_HEAD = (
+    "| size | run | lr | final val loss (mean ± std) | minus float32's (paired: mean ± s.e.) | per seed | "
+    "every seed within 0.005 |\n|---|---|---|---|---|---|---|"
+)
+
+
 def report(plots: str) -> None:
     sizes = [s for s in SIZES if load(s)]
     machines = sorted({r.get("machine", "not recorded") for s in sizes for r in load(s)})
@@ -182,6 +219,11 @@ def report(plots: str) -> None:
     for base, name in (("adamw", "AdamW"), ("muon", "Muon")):
         print(f"\n### Best rate over {name}'s best rate\n")
         print(rate_table(sizes, base))
+    precision = [line for size in sizes for line in precision_rows(size)]
+    if precision:
+        print("\n### Each precision paired with float32 (issue 53)\n")
+        print(PRECISION_HEAD)
+        print("\n".join(precision))
     print(f"\n### Optimizer share at {LARGE_BATCH:,} tokens a step, from the measured costs\n")
     print(
         "| size | optimizer | optimizer ms (o) | forward+backward ms at the runs' 1,024 tokens (f) | "

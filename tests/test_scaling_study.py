@@ -139,6 +139,33 @@ def test_report_pairs_with_muon_only_on_one_machine(monkeypatch, tmp_path):
     assert combo[6].strip() == "- (2 seeds, none on Muon's machine)"
 
 
+def test_report_pairs_each_precision_with_float32_by_seed_on_one_machine(monkeypatch, tmp_path):
+    """precision-cn-float16 against precision-cn-float32: seed 0 +0.003, seed 1 -0.002 (within
+    0.005 both); bfloat16's seed 1 ran on another machine and drops out, its seed 0 is +0.008."""
+    monkeypatch.setattr(scaling, "RESULTS", tmp_path)
+
+    def run(label, seed, final, machine="A"):
+        return {"optimizer": label, "lr": 1e-3, "seed": seed, **curve(20, [2.5, final], 10, 1), "machine": machine}
+
+    scaling.record(
+        "m",
+        [
+            run("precision-cn-float32", 0, 2.000),
+            run("precision-cn-float32", 1, 2.100),
+            run("precision-cn-float16", 0, 2.003),
+            run("precision-cn-float16", 1, 2.098),
+            run("precision-cn-bfloat16", 0, 2.008),
+            run("precision-cn-bfloat16", 1, 2.100, machine="B"),
+        ],
+    )
+    rows = {
+        row.split("|")[2].strip(): [c.strip() for c in row.split("|")] for row in scaling_report.precision_rows("m")
+    }
+    assert set(rows) == {"precision-cn-float16", "precision-cn-bfloat16"}
+    assert rows["precision-cn-float16"][5:8] == ["+0.0005 ± 0.0025", "0: +0.0030, 1: -0.0020", "yes"]
+    assert rows["precision-cn-bfloat16"][5:8] == ["+0.0080", "0: +0.0080", "no"]
+
+
 @pytest.mark.parametrize("size", ["s", "m", "l"])
 def test_params_of_counts_train_lms_model(size):
     args = train_lm.parse_args(["--size", size])

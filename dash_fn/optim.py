@@ -35,6 +35,7 @@ import torch
 from .checkpoint import CONFIG_FIELDS, check_layout, load_param_entries, param_entries, with_config
 from .config import DashConfig
 from .distributed import process_group_info
+from .foreign import unknown_option_message
 from .plan import ADAMW
 from .roots import resolve_solver
 from .schedule import is_refresh_step
@@ -115,12 +116,10 @@ class DASH(torch.optim.Optimizer):
         process_group=None,
         **config_fields,
     ):
-        unknown = sorted(set(config_fields) - set(CONFIG_FIELDS))
+        unknown = set(config_fields) - set(CONFIG_FIELDS)
         if unknown:
-            raise TypeError(
-                f"DASH got unknown option {unknown[0]!r}; "
-                f"its options are lr, compile and the DashConfig fields {CONFIG_FIELDS}"
-            )
+            known = f"its options are lr, compile and the DashConfig fields {CONFIG_FIELDS}"
+            raise TypeError(unknown_option_message("DASH", unknown, known))
         if not isinstance(compile, (bool, Mapping)):
             raise TypeError(
                 f"DASH: compile must be a bool or a dict of torch.compile arguments, got {type(compile).__name__}"
@@ -150,9 +149,9 @@ class DASH(torch.optim.Optimizer):
         """
         if not isinstance(param_group, Mapping):
             raise TypeError(f"param group must be a dict, got {type(param_group).__name__}")
-        unknown = sorted(set(param_group) - set(GROUP_KEYS))
+        unknown = set(param_group) - set(GROUP_KEYS)
         if unknown:
-            raise TypeError(f"param group has unknown key {unknown[0]!r}; the keys DASH knows are {GROUP_KEYS}")
+            raise TypeError(unknown_option_message("param group", unknown, f"the keys DASH knows are {GROUP_KEYS}"))
         merged = {**self.defaults, **param_group}
         _check_lr(merged["lr"], "param group")
         _warn_if_adam_eps(param_group, "param group")

@@ -11,6 +11,7 @@ from torch._dynamo.utils import counters
 
 import dash_fn
 from conftest import assert_equal_states, mixed_params, random_grads, tensors
+from dash_fn.foreign import FOREIGN
 from dash_fn.roots import SOLVERS
 
 pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (docs/CONTRIBUTING.md)
@@ -348,11 +349,11 @@ def test_param_group_keys_are_strict():
     params = list(parameters().values())
     with pytest.raises(
         TypeError,
-        match=r"unknown key 'weight_decy'; the keys DASH knows are \('params', 'param_names', 'lr', 'batch_dims'",
+        match=r"unknown option 'weight_decy'; the keys DASH knows are \('params', 'param_names', 'lr', 'batch_dims'",
     ):
         dash_fn.DASH([{"params": params, "weight_decy": 0.1}])
     opt = dash_fn.DASH(params[:2], lr=0.01)
-    with pytest.raises(TypeError, match="unknown key 'momentum'"):
+    with pytest.raises(TypeError, match="param group got momentum=, which is SGD's and Muon's option: .* is mu"):
         opt.add_param_group({"params": params[2:], "momentum": 0.9})
     assert len(opt.param_groups) == 1
 
@@ -608,3 +609,27 @@ def test_thin_weight_state_is_the_closed_form(thin_ratio):
     floats = sum(x.numel() for x in tensors(state).values() if x.is_floating_point())  # not the fallback counts
     expected = 2 + 2 * n / b if thin_ratio == 4.0 else 2 + 2 * b / n + 2 * n / b
     assert floats / (4 * b * n) == expected
+
+
+@pytest.mark.parametrize("name", sorted(FOREIGN))
+def test_another_optimizers_option_names_dashs_equivalent(name):
+    """A keyword ported from AdamW, Muon or Distributed Shampoo gets a short message naming DASH's
+    equivalent (or saying there is none), not the list of every field."""
+    params = list(parameters().values())
+    with pytest.raises(TypeError) as error:
+        dash_fn.DASH(params, lr=1e-3, **{name: 0.9})
+    message = str(error.value)
+    assert message.startswith(f"DASH got {name}=, which is ") and "DashConfig fields" not in message
+    assert len(message) < 400
+    equivalents = {
+        "betas": "beta_G",
+        "momentum": "mu",
+        "matmul_dtype": "precision=",
+        "precondition_frequency": "inv_root_freq=",
+    }
+    assert equivalents.get(name, "") in message
+
+
+def test_an_unknown_option_lists_what_dash_takes():
+    with pytest.raises(TypeError, match=r"DASH got unknown option 'lerning_rate'; its options are lr, compile and"):
+        dash_fn.DASH(list(parameters().values()), lerning_rate=1e-3)

@@ -21,16 +21,41 @@ products. Which of these forms a call takes is decided once, at its top (:mod:`d
 A step that the caller marks as a refresh step (``refresh=True``) still refreshes the roots
 when it is skipped, from the factors it left unchanged: so a refresh schedule counted on the
 host (calls, skipped or not) loses no refresh to a skip and needs no read of ``ok``.
+
+A run whose gradients keep overflowing stops learning. Where the host knows of a skip (eager on
+the CPU) the ``dash_fn`` logger says so at WARNING when the count reaches 1, 10, 100, ...
+(:func:`announce_skip`); elsewhere the count is read from ``state["skipped"]`` (the adapter's
+``skipped_steps()``), as a host read would cost a sync.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from .roots.identity import diagonal
+
+_log = logging.getLogger("dash_fn")
+
+
+def announce_skip(count: int) -> None:
+    """Log at WARNING that ``count`` steps have been skipped, when ``count`` is 1, 10, 100, ...:
+    once at the first skip, then at a growing interval."""
+    if str(count).rstrip("0") != "1":
+        return
+    _log.warning(
+        "dash_fn.step: %d step%s skipped so far: a gradient held a NaN or Inf, or a factor product "
+        "overflowed, and such a step changes nothing (parameters, state, step counter). A run whose "
+        "gradients keep overflowing stops learning: check the loss scale and the learning rate. "
+        'state["skipped"] counts them (DASH.skipped_steps()); skip_nonfinite=False lets them through. '
+        "Said again at %d.",
+        count,
+        "" if count == 1 else "s",
+        10 * count,
+    )
 
 
 def all_finite(vectors: Sequence[torch.Tensor], products: Sequence[torch.Tensor]) -> torch.Tensor:

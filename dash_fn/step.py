@@ -15,7 +15,7 @@ from tensordict import TensorDict
 from .config import DashConfig
 from .distributed.fsdp import like, to_local
 from .forms import DeviceForms, forms_for
-from .guard import Guard
+from .guard import Guard, announce_skip
 from .inputs import check_step_inputs, flatten, order_like_plan, rebuild
 from .plan import ADAMW, EMPTY, SEGMENTS, Plan
 from .roots import refresh_roots
@@ -133,6 +133,7 @@ def _apply(
     products, guard = forms.products_and_guard(config, shard, vectors, blocks)
     if guard.skipped:  # known on the host: nothing changes
         state["skipped"].add_(1)
+        announce_skip(int(state["skipped"]))
         if refresh:  # the roots of the unchanged factors
             _refresh(_Step(config, local, state, forms, guard, state["step"], {}), refresh)
         return list(params)

@@ -547,6 +547,20 @@ MUTATIONS = [
         ("tests/test_reference_agreement.py",),
     ),
     Mutation(
+        "guard: a skip known on the host goes unheard",
+        "dash_fn/step.py",
+        'announce_skip(int(state["skipped"]))',
+        "pass",
+        ("tests/test_nonfinite.py", "-k", "heard"),
+    ),
+    Mutation(
+        "guard: the skips heard at every count, not at a growing interval",
+        "dash_fn/guard.py",
+        'if str(count).rstrip("0") != "1":',
+        "if count < 1:",
+        ("tests/test_nonfinite.py", "-k", "heard"),
+    ),
+    Mutation(
         "precision: the factor products left in float32",
         "dash_fn/forms.py",
         '[(side, self.products.of("factors")(a, b)) for side, a, b in factor_sides(group, G)]',

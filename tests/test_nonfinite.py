@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
@@ -212,3 +213,37 @@ def test_guard_off_keeps_the_unguarded_behaviour_and_the_same_bits_on_finite_ste
     params, state = run(faulty_step=3, fault="nan", config=off)
     assert not all(torch.isfinite(x).all() for x in tensors(state).values())  # NaN got in, as before
     assert int(state["skipped"]) == 0
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@pytest.mark.sets_accelerator
+def test_skipped_steps_are_heard_at_a_growing_interval():
+    """Eager on the CPU, where the host knows of each skip: a WARNING of the dash_fn logger at the
+    1st and the 10th skip of 12 (then at the 100th...); the accelerator strategy, which must not
+    read the count, logs nothing and still counts them."""
+    handler = _Records()
+    logger = logging.getLogger("dash_fn")
+    logger.addHandler(handler)
+    try:
+        for accelerator, expected in ((False, [1, 10]), (True, [])):
+            handler.messages.clear()
+            params = mixed_params()
+            with simulated_accelerator(accelerator):
+                state = dash_fn.init(params, CONFIG)
+                bad = {k: torch.full_like(v, math.inf) for k, v in params.items()}
+                for _ in range(12):
+                    params, state = dash_fn.step(params, bad, state, lr=0.01, refresh=False)
+            assert int(state["skipped"]) == 12
+            heard = [int(m.split()[1]) for m in handler.messages]
+            assert heard == expected, handler.messages
+            assert all("NaN or Inf" in m and 'state["skipped"]' in m for m in handler.messages)
+    finally:
+        logger.removeHandler(handler)

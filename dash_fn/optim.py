@@ -45,6 +45,7 @@ from .strategy import for_device
 
 # the logger of the compile notice: getLogger("dash_fn").setLevel(logging.ERROR) silences it
 _log = logging.getLogger(__name__)
+_compile_notice_given = False  # the notice is said once per process, not once per optimizer
 
 # what a param group may hold: torch.optim's keys, the lr, the DashConfig fields, batch dims
 GROUP_KEYS = ("params", "param_names", "lr", "batch_dims", *CONFIG_FIELDS)
@@ -258,7 +259,9 @@ class DASH(torch.optim.Optimizer):
         """The compiled step that refreshes the roots (True) or does not (False), or the
         staggered schedule's one step (None), for one param group (``group`` names it)."""
         if (refresh, group) not in self._compiled_steps:
-            if not self._compiled_steps:  # said once per optimizer: its first step compiles
+            global _compile_notice_given
+            if not _compile_notice_given:  # said once per process: the first step compiles
+                _compile_notice_given = True
                 _log.warning(
                     "DASH(compile=...): the first step compiles the optimizer step (torch.compile, "
                     "fullgraph=True), which can take a minute on a cold cache; later steps reuse it. "

@@ -633,3 +633,27 @@ def test_another_optimizers_option_names_dashs_equivalent(name):
 def test_an_unknown_option_lists_what_dash_takes():
     with pytest.raises(TypeError, match=r"DASH got unknown option 'lerning_rate'; its options are lr, compile and"):
         dash_fn.DASH(list(parameters().values()), lerning_rate=1e-3)
+
+
+def test_the_compile_notice_is_said_once_per_process(monkeypatch):
+    """Three compiled optimizers (as in the main job) log one notice, not three."""
+    import logging
+
+    from dash_fn import optim
+
+    messages = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = logging.getLogger("dash_fn")
+    logger.addHandler(handler)
+    monkeypatch.setattr(optim, "_compile_notice_given", False)
+    try:
+        for _ in range(3):
+            params = list(parameters().values())
+            opt = dash_fn.DASH(params, lr=1e-3, compile={"backend": "eager"})
+            for p in params:
+                p.grad = torch.ones_like(p)
+            opt.step()
+    finally:
+        logger.removeHandler(handler)
+    assert sum("first step compiles" in m for m in messages) == 1, messages

@@ -262,10 +262,15 @@ class DASH(torch.optim.Optimizer):
             global _compile_notice_given
             if not _compile_notice_given:  # said once per process: the first step compiles
                 _compile_notice_given = True
+                on_cpu = self.param_groups[0]["params"][0].device.type == "cpu"
                 _log.warning(
                     "DASH(compile=...): the first step compiles the optimizer step (torch.compile, "
-                    "fullgraph=True), which can take a minute on a cold cache; later steps reuse it. "
-                    "Silence this with logging.getLogger('dash_fn').setLevel(logging.ERROR)."
+                    "fullgraph=True), which can take a minute on a cold cache; later steps reuse it.%s "
+                    "Silence this with logging.getLogger('dash_fn').setLevel(logging.ERROR).",
+                    " On a CPU the compiled step gains little or nothing over the eager one (benchmarks/RESULTS.md, "
+                    "'compile=True on a CPU'): compile pays off on accelerators."
+                    if on_cpu
+                    else "",
                 )
             # dynamic=False: Dynamo caches graphs per function, so a second optimizer (another
             # model) would otherwise turn the plan's ints symbolic, which the step cannot trace

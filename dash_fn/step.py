@@ -253,17 +253,18 @@ def _refresh_slice(ctx: _Step, k: int) -> None:
     old = entry["Fbar"].index_select(0, solved).to(dtype)
     F = entry["F"].index_select(0, solved).to(dtype)
     p = _root_order(ctx.config, stack.order)
-    roots, fell_back = _refresh_roots(ctx, F, old, p, stack)
+    roots, fell_back = _refresh_roots(ctx, F, old, p, stack, due)
     roots = ctx.forms.select(due[:, None, None], roots, old)
     entry["Fbar"].index_copy_(0, solved, roots.to(entry["Fbar"].dtype))
     fallbacks = entry["fallbacks"]
     fallbacks.index_copy_(0, solved, fallbacks.index_select(0, solved) + (fell_back & due))
 
 
-def _refresh_roots(ctx: _Step, F: torch.Tensor, old: torch.Tensor, p: int, stack):
-    """New roots (or bases) of factors ``F`` of a stack, keeping ``old`` where a refresh fails."""
+def _refresh_roots(ctx: _Step, F: torch.Tensor, old: torch.Tensor, p: int, stack, due: torch.Tensor | None = None):
+    """New roots (or bases) of factors ``F`` of a stack, keeping ``old`` where a refresh fails
+    (``due``: the blocks the caller keeps, None: all)."""
     start = _start_vectors(ctx, stack)
-    return refresh_roots(F, old, p, ctx.config, start, ctx.forms.strategy, ctx.forms.products)
+    return refresh_roots(F, old, p, ctx.config, start, ctx.forms.strategy, ctx.forms.products, due)
 
 
 def _bases_before(ctx: _Step) -> list:

@@ -547,6 +547,13 @@ MUTATIONS = [
         ("tests/test_reference_agreement.py",),
     ),
     Mutation(
+        "roots: the compiled CPU eigh refresh skips its due slices too",
+        "dash_fn/roots/__init__.py",
+        "if due is not None and not bool(due.any()):",
+        "if due is not None:",
+        ("tests/test_staggered.py", "-k", "trains_alike and eigh"),
+    ),
+    Mutation(
         "guard: a skip known on the host goes unheard",
         "dash_fn/step.py",
         'announce_skip(int(state["skipped"]))',

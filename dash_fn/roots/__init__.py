@@ -169,9 +169,12 @@ def refresh_roots(
     start: torch.Tensor | None,
     strategy: Strategy | None = None,
     products: Products = PLAIN,
+    due: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """New roots for a factor stack, keeping a block's old root where its refresh fails.
-    The matmul solvers and orthogonal iteration multiply in ``products``' precision.
+    The matmul solvers and orthogonal iteration multiply in ``products``' precision. ``due``
+    (None: every block) says which blocks the caller will keep: a form that may read it on the
+    host solves nothing when none is (traced eigh on the CPU; the caller selects by it anyway).
 
     docs/ALGORITHM.md 7.2: a block with a non-finite factor is solved as I (so it cannot spoil
     anything) and, like a block whose new root is non-finite, keeps its previous root.
@@ -195,7 +198,7 @@ def refresh_roots(
         # eps and eps_rel as a tensor: a compiled step that met other values before gets them
         # as symbolic floats, which the op's float arguments cannot take
         eps = torch.tensor([config.eps, config.eps_rel], dtype=torch.float64)
-        return _traced_cpu_eigh_refresh(factors, roots, p, eps, config.eigh_heuristic)
+        return _traced_cpu_eigh_refresh(factors, roots, p, eps, config.eigh_heuristic, due)
     count, size = factors.shape[0], factors.shape[-1]
     chunk = chunk_blocks(count, size * size * factors.element_size(), solver)
     finite_factor = finite_blocks(factors)
@@ -265,19 +268,22 @@ def _refresh_chunk(
 
 @torch.library.custom_op("dash_fn::cpu_eigh_refresh", mutates_args=())
 def _traced_cpu_eigh_refresh(
-    factors: torch.Tensor, roots: torch.Tensor, p: int, eps: torch.Tensor, heuristic: str
+    factors: torch.Tensor, roots: torch.Tensor, p: int, eps: torch.Tensor, heuristic: str, due: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`refresh_roots` with eigh, traced on the CPU: the eager refresh inside one op
     opaque to torch.compile, so that it reads the finiteness flags on the host (free on the
     CPU) and, with every factor finite, solves the whole stack at once with no substitution,
-    selection or chunking, where a graph must run the masked form. Same bits: each block's
-    root does not depend on them."""
+    selection or chunking, where a graph must run the masked form; and a staggered slice that
+    is not ``due`` is not solved at all (eager steps skip it too). Same bits: each block's root
+    does not depend on them."""
+    if due is not None and not bool(due.any()):
+        return roots.clone(), torch.zeros(roots.shape[:1], dtype=torch.bool)
     config = DashConfig(solver="eigh", eps=eps[0].item(), eps_rel=eps[1].item(), eigh_heuristic=heuristic)
     return refresh_roots(factors, roots, p, config, None, CPU)
 
 
 @_traced_cpu_eigh_refresh.register_fake
 def _(
-    factors: torch.Tensor, roots: torch.Tensor, p: int, eps: torch.Tensor, heuristic: str
+    factors: torch.Tensor, roots: torch.Tensor, p: int, eps: torch.Tensor, heuristic: str, due: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.empty_like(roots), factors.new_empty(factors.shape[:1], dtype=torch.bool)

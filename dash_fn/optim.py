@@ -127,7 +127,9 @@ class DASH(torch.optim.Optimizer):
             )
         _check_lr(lr, "DASH")  # before the base class looks at params, as torch.optim's optimizers do
         _warn_if_adam_eps(config_fields, "DASH")
-        defaults = {"lr": lr, **dataclasses.asdict(DashConfig(**config_fields))}
+        # "momentum": None only so that a scheduler that cycles momentum by default (OneCycleLR,
+        # CyclicLR) takes DASH and its first step says what to pass (_check_no_cycled_momentum)
+        defaults = {"lr": lr, **dataclasses.asdict(DashConfig(**config_fields)), "momentum": None}
         self._compile = dict(compile) if isinstance(compile, Mapping) else compile
         self._compiled_steps: dict[tuple[bool | None, str], Callable] = {}
         process_group_info(process_group)  # a bad group fails here, not at the first step
@@ -206,6 +208,7 @@ class DASH(torch.optim.Optimizer):
             return
         if any(g is not None and g.is_sparse for g in grads):
             raise RuntimeError(f"{where}: DASH does not support sparse gradients")
+        _check_no_cycled_momentum(group, where)
         config = group_config(group, where)
         lr = group["lr"]
         _check_lr(lr, where)
@@ -533,6 +536,17 @@ def _check_lr(lr, where: str) -> None:
             raise ValueError(f"{where}: a tensor lr must be floating point, got dtype {lr.dtype}")
     elif not isinstance(lr, Real) or isinstance(lr, bool) or not math.isfinite(lr) or lr < 0:
         raise ValueError(f"{where}: lr must be a finite number >= 0 or a 1-element tensor, got {lr!r}")
+
+
+def _check_no_cycled_momentum(group: Mapping, where: str) -> None:
+    """A group's ``momentum`` is None unless a scheduler set it: OneCycleLR and CyclicLR cycle
+    momentum by default, which DASH cannot follow (its config is fixed per compiled step)."""
+    if group.get("momentum") is not None:
+        raise ValueError(
+            f"{where}: momentum={group['momentum']!r} was set, most likely by a scheduler that cycles momentum "
+            "(OneCycleLR and CyclicLR do by default): DASH has no momentum to cycle (its heavy-ball mu and "
+            "gradient EMA beta_G are fixed per group); create the scheduler with cycle_momentum=False"
+        )
 
 
 def _warn_if_adam_eps(options: Mapping, where: str) -> None:

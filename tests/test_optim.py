@@ -662,3 +662,33 @@ def test_the_compile_notice_is_said_once_per_process(monkeypatch):
     finally:
         logger.removeHandler(handler)
     assert sum("first step compiles" in m for m in messages) == 1, messages
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda opt: torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=10),
+        lambda opt: torch.optim.lr_scheduler.CyclicLR(opt, base_lr=1e-3, max_lr=1e-2),
+    ],
+    ids=["OneCycleLR", "CyclicLR"],
+)
+def test_schedulers_that_cycle_momentum_say_what_to_pass(make):
+    """With their defaults OneCycleLR and CyclicLR take DASH and cycle its (absent) momentum: the
+    first step names cycle_momentum=False and changes nothing; with it, they schedule the lr."""
+    params = list(parameters().values())
+    before = [p.detach().clone() for p in params]
+    opt = dash_fn.DASH(params, lr=1e-3)
+    make(opt)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    with pytest.raises(ValueError, match="cycle_momentum=False"):
+        opt.step()
+    assert all(torch.equal(p, b) for p, b in zip(params, before))
+    opt = dash_fn.DASH(params, lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=100, cycle_momentum=False)
+    lrs = []
+    for _ in range(3):
+        opt.step()
+        scheduler.step()
+        lrs.append(opt.param_groups[0]["lr"])
+    assert lrs[0] < lrs[1] < lrs[2] and not any(torch.equal(p, b) for p, b in zip(params, before))

@@ -692,3 +692,33 @@ def test_schedulers_that_cycle_momentum_say_what_to_pass(make):
         scheduler.step()
         lrs.append(opt.param_groups[0]["lr"])
     assert lrs[0] < lrs[1] < lrs[2] and not any(torch.equal(p, b) for p, b in zip(params, before))
+
+
+LR_SCHEDULERS = {
+    "LambdaLR": lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda t: 0.5**t),
+    "MultiplicativeLR": lambda opt: torch.optim.lr_scheduler.MultiplicativeLR(opt, lambda t: 0.5),
+    "StepLR": lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=1),
+    "MultiStepLR": lambda opt: torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[1, 2]),
+    "ConstantLR": lambda opt: torch.optim.lr_scheduler.ConstantLR(opt),
+    "LinearLR": lambda opt: torch.optim.lr_scheduler.LinearLR(opt),
+    "ExponentialLR": lambda opt: torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.5),
+    "PolynomialLR": lambda opt: torch.optim.lr_scheduler.PolynomialLR(opt),
+    "CosineAnnealingLR": lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10),
+    "CosineAnnealingWarmRestarts": lambda opt: torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(opt, T_0=10),
+    "ReduceLROnPlateau": lambda opt: torch.optim.lr_scheduler.ReduceLROnPlateau(opt),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LR_SCHEDULERS))
+def test_every_other_lr_scheduler_works_with_its_defaults(name):
+    """torch.optim's schedulers with only their required arguments: three steps, each one the lr
+    the scheduler set (ReduceLROnPlateau: a loss to watch)."""
+    params = list(parameters().values())
+    opt = dash_fn.DASH(params, lr=1e-2)
+    scheduler = LR_SCHEDULERS[name](opt)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    for _ in range(3):
+        opt.step()
+        scheduler.step(1.0) if name == "ReduceLROnPlateau" else scheduler.step()
+    assert 0 < opt.param_groups[0]["lr"] <= 1e-2 and all(torch.isfinite(p).all() for p in params)

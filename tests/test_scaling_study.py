@@ -269,13 +269,14 @@ def label_config(label: str) -> dash_fn.DashConfig:
 
 def test_the_labels_measured_before_the_defaults_changed_keep_their_config():
     """dash-previous is the defaults before the study (inverse 4th roots, no floor, the EMA), the
-    one-option labels differ from it in their field alone, dash-defaults is DashConfig() now."""
+    one-option labels differ from it in their field alone, dash-defaults is DashConfig() now (the
+    precision labels are today's defaults with a precision, solver or mode)."""
     previous = label_config("dash-previous")
     assert (previous.resolved_root_order, previous.eps_rel, previous.nesterov_G) == (4, 0.0, False)
     assert dash_fn.DashConfig(**defaults_bench.PREVIOUS) == previous  # the cost bench's previous defaults
     assert label_config("dash-defaults") == dash_fn.DashConfig() != previous
     for label, (name, extra) in scaling.OPTIMIZERS.items():  # every label measured before the change
-        if name.startswith("dash") and not label.startswith(("dash-defaults", "dash-combo", "dash-ec")):
+        if name.startswith("dash") and not label.startswith(("dash-defaults", "dash-combo", "dash-ec", "precision-")):
             assert extra[extra.index("--dash") + 1 :][:3] == scaling.PREVIOUS, label
     options = {"dash-floor": "eps_rel", "dash-nesterov": "nesterov_G", "dash-order3": "root_order"}
     options |= {"dash-betaG95": "beta_G", "dash-freq3": "inv_root_freq", "dash-betaLR9": "beta_LR"}
@@ -294,3 +295,13 @@ def test_rate_table_divides_each_best_rate_by_the_bases(monkeypatch, tmp_path):
     table = scaling_report.rate_table(["s"], "muon").splitlines()
     assert table[0] == "| size | dash-defaults | dash-previous | dash-ndb | dash-combo |"
     assert table[2] == "| s | - | - | - | 0.6 |"  # 6e-3 / 1e-2, the best rates
+
+
+def test_the_precision_labels_are_todays_defaults_with_a_precision():
+    """precision-P, precision-cn-P and precision-ec-P: DashConfig() with precision P, and coupled
+    Newton or the eigenvalue-corrected mode, nothing else."""
+    for precision in scaling.PRECISIONS:
+        assert label_config(f"precision-{precision}") == dash_fn.DashConfig(precision=precision)
+        assert label_config(f"precision-cn-{precision}") == dash_fn.DashConfig(precision=precision, solver="cn")
+        corrected = dash_fn.DashConfig(precision=precision, preconditioner="eigenvalue_corrected")
+        assert label_config(f"precision-ec-{precision}") == corrected

@@ -311,3 +311,15 @@ def test_basis_gpu_dry_run(tmp_path):
     assert len(rows) == 1
     old, after, increasing = (float(x.strip(" |")) for x in rows[0][-3:])
     assert after < old < increasing
+
+
+@pytest.mark.inductor
+def test_cpu_compiled_profile_quick(capsys):
+    """The eager and compiled adapter steps on the main job's model, timed and profiled."""
+    import cpu_compiled_profile
+
+    cpu_compiled_profile.main(["--quick"])
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith(("| eager |", "| compiled |"))]
+    assert len(rows) == 2 and all(float(row.split("|")[2]) > 0 for row in rows)
+    assert "eager, 2 steps:" in out and "compiled, 2 steps:" in out and "Self CPU time total" in out

@@ -47,7 +47,9 @@ def factor_sides(group, G: torch.Tensor) -> list:
 class DeviceForms:
     """Sync-free forms: what an accelerator runs, and every traced step."""
 
-    def __init__(self, strategy: Strategy, products: Products = PLAIN):
+    # (no default for products: torch 2.11's Dynamo cannot wrap a default that is an object of
+    # ours when it inlines a constructor)
+    def __init__(self, strategy: Strategy, products: Products):
         self.strategy = strategy
         self.products = products
 

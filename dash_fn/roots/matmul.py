@@ -208,6 +208,12 @@ class Products:
 
 
 PLAIN = Products("float32", "plain")
+# Every Products a step can use, built once here: the step looks its own up rather than build
+# one while torch.compile traces it (torch 2.11's Dynamo builds such an object without its
+# fields).
+_BUILT = {(precision, kernel): Products(precision, kernel)
+          for precision in ("tf32", "bfloat16", "float16")
+          for kernel in ("tensor_core", "native_cpu", "emulated")}
 
 
 def products_for(precision: str, device: torch.device, dtype: torch.dtype = torch.float32) -> Products:
@@ -218,7 +224,7 @@ def products_for(precision: str, device: torch.device, dtype: torch.dtype = torc
     if resolved == "float32" or dtype != torch.float32:
         return PLAIN
     if device.type == "cuda" or (device.type == "xpu" and resolved != "tf32"):
-        return Products(resolved, "tensor_core")
+        return _BUILT[resolved, "tensor_core"]
     if resolved == "bfloat16" and device.type == "cpu" and cpu_has_bf16_units():
-        return Products(resolved, "native_cpu")
-    return Products(resolved, "emulated")
+        return _BUILT[resolved, "native_cpu"]
+    return _BUILT[resolved, "emulated"]

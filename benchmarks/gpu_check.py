@@ -576,7 +576,10 @@ def peer_rows(report: Report, deadline: Deadline, args, device, shapes, block, l
 
         def row(root=root) -> tuple[str, bool]:
             plain, refresh = distributed_shampoo_times(device, shapes, block, root, args.reps)
-            ratio = f"; dash_fn's refresh {1e3 * refresh / ours[0]['refresh_ms']:.1f}x faster" if ours else ""
+            ratio = ""
+            if ours:
+                times = 1e3 * refresh / ours[0]["refresh_ms"]
+                ratio = f"; dash_fn's refresh {times:.1f}x faster" if times >= 1 else f"; dash_fn's refresh {1 / times:.1f}x slower"
             return f"plain {1e3 * plain:.1f} ms, refresh {1e3 * refresh:.1f} ms{ratio}", True
 
         guarded(report, deadline, f"distributed shampoo, {root} roots, {label}", 30 if args.dry_run else 90, row)

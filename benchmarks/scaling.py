@@ -110,12 +110,14 @@ OPTIMIZERS = {
     ),
     # issue 53: the defaults with each DashConfig.precision, paired by seed with the same defaults
     # in float32 on the same machine ("precision-P"); with coupled Newton, the GPU's solver for the
-    # default cube roots ("precision-cn-P"); and the eigenvalue-corrected mode ("precision-ec-P").
+    # default cube roots ("precision-cn-P"); and the eigenvalue-corrected mode with orthogonal-
+    # iteration bases, its solver off the CPU, whose X Q products the precision also rounds
+    # ("precision-ec-P").
     # A CPU without a precision's matrix unit emulates it: the numerics of the GPU's products.
     **{f"precision-{p}": ("dash-defaults", ["--dash", f"precision={p}"]) for p in PRECISIONS},
     **{f"precision-cn-{p}": ("dash-defaults", ["--dash", "solver=cn", f"precision={p}"]) for p in PRECISIONS},
     **{
-        f"precision-ec-{p}": ("dash-defaults", ["--dash", "preconditioner=eigenvalue_corrected", f"precision={p}"])
+        f"precision-ec-{p}": ("dash-defaults", ["--dash", "preconditioner=eigenvalue_corrected", "solver=qr", f"precision={p}"])
         for p in PRECISIONS
     },
 }

@@ -299,9 +299,9 @@ def test_rate_table_divides_each_best_rate_by_the_bases(monkeypatch, tmp_path):
 
 def test_the_precision_labels_are_todays_defaults_with_a_precision():
     """precision-P, precision-cn-P and precision-ec-P: DashConfig() with precision P, and coupled
-    Newton or the eigenvalue-corrected mode, nothing else."""
+    Newton or the eigenvalue-corrected mode with orthogonal-iteration bases, nothing else."""
     for precision in scaling.PRECISIONS:
         assert label_config(f"precision-{precision}") == dash_fn.DashConfig(precision=precision)
         assert label_config(f"precision-cn-{precision}") == dash_fn.DashConfig(precision=precision, solver="cn")
-        corrected = dash_fn.DashConfig(precision=precision, preconditioner="eigenvalue_corrected")
+        corrected = dash_fn.DashConfig(precision=precision, preconditioner="eigenvalue_corrected", solver="qr")
         assert label_config(f"precision-ec-{precision}") == corrected

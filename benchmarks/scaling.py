@@ -20,6 +20,16 @@ runs from before the update size was logged).
 warm-up unchanged, the cosine decay stretched to N) and records in ``SIZE-N.json``: whether a
 result at one size is a matter of training length.
 
+The data axis (issue 54): ``sweep`` and ``seeds`` with ``--tokens-per-param T`` train on a budget
+of T tokens per parameter at a batch of ``--batch`` sequences (128 by default, 8x the presets'
+1,024 tokens a step), on the whole standard-library corpus (12.2M training bytes with Python
+3.11: size s reads 9.2M of them at T = 20), with the warm-up the same share of the steps as in
+the size's preset; each budget is a study of its own, ``SIZE-tppT-bB.json``, swept on a factor-2
+grid of rates from the size's best rate:
+
+    python benchmarks/scaling.py sweep --size s --tokens-per-param 20 --optimizers adamw muon dash-defaults
+    python benchmarks/scaling.py seeds --size s --tokens-per-param 20 --seeds 1
+
 The optimizers (``--optimizers``): AdamW, torch.optim.Muon (AdamW on the embedding, head and
 vectors), DASH at its defaults (``DashConfig()``: blocks of 256, eigh roots on the CPU refreshed
 in a staggered tenth every step under torch.compile, inverse cube roots, a relative floor and
@@ -40,11 +50,15 @@ import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from machine import machine_line
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples"))
+from train_lm import SIZES as PRESETS  # noqa: E402  (each size's model, steps and warm-up)
+
 RESULTS = ROOT / "benchmarks" / "results" / "scaling"
 SIZES = ["s", "m", "l"]
 BF16 = "bfloat16"
@@ -117,7 +131,10 @@ OPTIMIZERS = {
     **{f"precision-{p}": ("dash-defaults", ["--dash", f"precision={p}"]) for p in PRECISIONS},
     **{f"precision-cn-{p}": ("dash-defaults", ["--dash", "solver=cn", f"precision={p}"]) for p in PRECISIONS},
     **{
-        f"precision-ec-{p}": ("dash-defaults", ["--dash", "preconditioner=eigenvalue_corrected", "solver=qr", f"precision={p}"])
+        f"precision-ec-{p}": (
+            "dash-defaults",
+            ["--dash", "preconditioner=eigenvalue_corrected", "solver=qr", f"precision={p}"],
+        )
         for p in PRECISIONS
     },
 }
@@ -127,23 +144,76 @@ START = {"adamw": 1e-3, "muon": 1e-2, "dash-defaults": 3e-3, "dash-ndb": 3e-3}
 MAX_GRID = 7  # rates one optimizer may try at one size before the sweep gives up widening
 
 
-def grid_rate(index: int) -> float:
-    """The index-th rate of the grid 1e-4, 3e-4, 1e-3, 3e-3, ... (index 0 is 1e-4)."""
+def grid_rate(index: int, factor: int = 3) -> float:
+    """The index-th rate of a grid: factor 3, 1e-4, 3e-4, 1e-3, 3e-3, ... (index 0 is 1e-4);
+    factor 2, 1e-3 x 2^index to three digits (index 0 is 1e-3)."""
+    if factor == 2:
+        return float(f"{1e-3 * 2.0**index:.3g}")
     return float(f"{(1, 3)[index % 2]}e{index // 2 - 4}")
 
 
-def grid_index(rate: float) -> int:
-    return min(range(-8, 16), key=lambda i: abs(math.log(grid_rate(i) / rate)))
+def grid_index(rate: float, factor: int = 3) -> int:
+    return min(range(-16, 24), key=lambda i: abs(math.log(grid_rate(i, factor) / rate)))
 
 
-def study(size: str, steps: int | None = None) -> str:
-    """The name of a results file: the size, or the size and a step budget other than its preset's."""
-    return size if steps is None else f"{size}-{steps}"
+def params_of(model: dict) -> int:
+    """Parameters of train_lm's Llama (byte vocabulary, tied nothing): embedding, head, and per
+    layer four attention matrices, three feed-forward matrices and two norm vectors, plus the final norm."""
+    d, hidden, vocab = model["d_model"], (8 * model["d_model"]) // 3, 256
+    return 2 * vocab * d + model["n_layers"] * (4 * d * d + 3 * d * hidden + 2 * d) + d
+
+
+CONTEXT = 64  # bytes per sequence (train_lm's --context)
+DATA_BATCH = 128  # sequences a step on the data axis: 8x the presets' 16
+WHOLE_CORPUS = 1 << 40  # train_lm's --corpus-bytes that reads every file of the standard library
+
+
+@dataclass(frozen=True)
+class Study:
+    """A results file and what its runs train beside ``train_lm --size``: the size's preset;
+    ``steps`` instead of the preset's (``SIZE-N``); or a budget of ``tokens_per_param`` at
+    ``batch`` sequences a step (``SIZE-tppT-bB``, the data axis)."""
+
+    size: str
+    steps: int | None = None
+    tokens_per_param: float | None = None
+    batch: int = DATA_BATCH
+
+    @property
+    def name(self) -> str:
+        if self.tokens_per_param is not None:
+            return f"{self.size}-tpp{self.tokens_per_param:g}-b{self.batch}"
+        return self.size if self.steps is None else f"{self.size}-{self.steps}"
+
+    @property
+    def factor(self) -> int:
+        """The rate grid's factor: 2 on the data axis, else the study's original 3."""
+        return 2 if self.tokens_per_param is not None else 3
+
+    def arguments(self) -> list[str]:
+        """train_lm's options beside ``--size``."""
+        if self.tokens_per_param is None:
+            return [] if self.steps is None else ["--steps", str(self.steps)]
+        preset = PRESETS[self.size]
+        steps = max(1, round(self.tokens_per_param * params_of(preset) / (self.batch * CONTEXT)))
+        warmup = max(1, round(steps * preset["warmup"] / preset["steps"]))
+        options = {"steps": steps, "batch": self.batch, "warmup": warmup, "eval-every": max(1, steps // 20)}
+        return [*(x for k, v in options.items() for x in (f"--{k}", str(v))), "--corpus-bytes", str(WHOLE_CORPUS)]
 
 
 def longer_studies() -> list[str]:
     """The results files of runs longer (or shorter) than their size's preset, e.g. ``l-1200``."""
-    return sorted(p.stem for p in RESULTS.glob("*-*.json"))
+    return sorted(p.stem for p in RESULTS.glob("*-*.json") if "-tpp" not in p.stem)
+
+
+def data_studies() -> list[str]:
+    """The results files of the data axis, by size and budget (``s-tpp1-b128``, ``s-tpp5-b128``, ...)."""
+
+    def budget(name: str) -> tuple:
+        size, tokens, batch = name.split("-")
+        return SIZES.index(size), float(tokens[3:]), int(batch[1:])
+
+    return sorted((p.stem for p in RESULTS.glob("*-tpp*-b*.json")), key=budget)
 
 
 def load(name: str) -> list[dict]:
@@ -161,21 +231,12 @@ def record(name: str, runs: list[dict]) -> None:
     (RESULTS / f"{name}.json").write_text(json.dumps({"size": name, "runs": ordered}, indent=1) + "\n")
 
 
-def train(
-    size: str,
-    label: str,
-    rates: list[float],
-    seeds: list[int],
-    progress: bool,
-    steps: int | None = None,
-    again: bool = False,
-) -> None:
-    """Train the runs not yet recorded (``again``: every run, each replacing its record), in one
-    train_lm process per set of rates (its compiled gradient shared by the rates and seeds), and
-    record each as soon as its process has logged it. ``steps``: train that many steps instead of
-    the size's preset, recorded apart (``study``)."""
+def train(study: Study, label: str, rates: list[float], seeds: list[int], progress: bool, again: bool = False) -> None:
+    """Train ``study``'s runs not yet recorded (``again``: every run, each replacing its record),
+    in one train_lm process per set of rates (its compiled gradient shared by the rates and
+    seeds), and record each as soon as its process has logged it."""
     name, extra = OPTIMIZERS[label]
-    results = study(size, steps)
+    results = study.name
     done = set() if again else {(r["lr"], r["seed"]) for r in load(results) if r["optimizer"] == label}
     by_rates: dict[tuple, list[int]] = {}
     for seed in seeds:
@@ -184,9 +245,9 @@ def train(
             by_rates.setdefault(todo, []).append(seed)
     for todo, todo_seeds in by_rates.items():
         with tempfile.TemporaryDirectory() as out:
-            command = [sys.executable, str(ROOT / "examples" / "train_lm.py"), "--size", size]
+            command = [sys.executable, str(ROOT / "examples" / "train_lm.py"), "--size", study.size]
             command += ["--seeds", *map(str, todo_seeds), "--runs", *(f"{name}@{lr:g}" for lr in todo), *extra]
-            command += [] if steps is None else ["--steps", str(steps)]
+            command += study.arguments()
             command += ["--out", out] + ([] if progress else ["--no-progress"])
             print(f"$ {label}:", " ".join(command[1:]), flush=True)
             finished = subprocess.run(command, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -217,18 +278,24 @@ def best_rate(size: str, label: str, seed: int = 0) -> float | None:
     return min(runs, key=lambda r: r["val_loss"][-1])["lr"] if runs else None
 
 
-def sweep(size: str, label: str, progress: bool) -> float:
-    """Seed 0 over a grid widened until its best rate is inside; returns that rate."""
-    smaller = SIZES[: SIZES.index(size)]
-    center = next((best_rate(s, label) for s in reversed(smaller) if best_rate(s, label)), START[label])
-    tried = {grid_index(r["lr"]) for r in load(size) if r["optimizer"] == label and r["seed"] == 0}
-    tried |= {grid_index(center) + d for d in (-1, 0, 1)}
+def sweep(study: Study, label: str, progress: bool) -> float:
+    """Seed 0 over a grid widened until its best rate is inside; returns that rate. A size's
+    preset starts from the best rate at the next smaller size, a data-axis budget from the
+    best rate of its size's preset."""
+    size, factor = study.size, study.factor
+    if study.tokens_per_param is None:
+        smaller = SIZES[: SIZES.index(size)]
+        center = next((best_rate(s, label) for s in reversed(smaller) if best_rate(s, label)), START[label])
+    else:
+        center = best_rate(size, label) or START[label]
+    tried = {grid_index(r["lr"], factor) for r in load(study.name) if r["optimizer"] == label and r["seed"] == 0}
+    tried |= {grid_index(center, factor) + d for d in (-1, 0, 1)}
     while True:
-        train(size, label, sorted(grid_rate(i) for i in tried), [0], progress)
-        best = grid_index(best_rate(size, label))
+        train(study, label, sorted(grid_rate(i, factor) for i in tried), [0], progress)
+        best = grid_index(best_rate(study.name, label), factor)
         edge = {min(tried): best - 1, max(tried): best + 1}.get(best)
         if edge is None or len(tried) >= MAX_GRID:
-            return grid_rate(best)
+            return grid_rate(best, factor)
         tried.add(edge)
 
 
@@ -248,6 +315,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--steps", type=int, help="seeds: train this many steps instead of the size's preset")
     parser.add_argument(
+        "--tokens-per-param", type=float, help="sweep, seeds: the data axis's budget of tokens per parameter"
+    )
+    parser.add_argument(
+        "--batch", type=int, default=DATA_BATCH, help="with --tokens-per-param: sequences of 64 bytes a step"
+    )
+    parser.add_argument(
         "--lrs", nargs="+", type=float, help="seeds: train at these rates instead of the best (a finer grid)"
     )
     parser.add_argument(
@@ -258,15 +331,20 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.steps is not None and (args.command != "seeds" or args.steps < 1):
         parser.error("--steps is a positive step count for the seeds command (a sweep tunes at the preset's steps)")
+    if args.tokens_per_param is not None and (args.tokens_per_param <= 0 or args.batch < 1 or args.steps is not None):
+        parser.error("--tokens-per-param is a positive budget and --batch a positive count, without --steps")
+    study = Study(args.size, args.steps, args.tokens_per_param, args.batch)
     if args.command == "sweep":
         for label in args.optimizers:
-            print(f"{label} at size {args.size}: best rate {sweep(args.size, label, args.progress):g}", flush=True)
+            print(f"{label} in {study.name}: best rate {sweep(study, label, args.progress):g}", flush=True)
     elif args.command == "seeds":
+        # the rate of the sweep at this budget; runs trained longer take their size's
+        tuned_at = study.name if study.tokens_per_param is not None else args.size
         for label in args.optimizers:
-            rate = best_rate(args.size, args.rate_of or label)
+            rate = best_rate(tuned_at, args.rate_of or label)
             if rate is None and not args.lrs:
-                raise SystemExit(f"no sweep of {args.rate_of or label} at size {args.size}: run sweep first")
-            train(args.size, label, args.lrs or [rate], args.seeds, args.progress, args.steps, args.again)
+                raise SystemExit(f"no sweep of {args.rate_of or label} in {tuned_at}: run sweep first")
+            train(study, label, args.lrs or [rate], args.seeds, args.progress, args.again)
     else:
         from scaling_report import report
 

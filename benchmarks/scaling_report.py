@@ -1,7 +1,7 @@
 """Tables and plots of the scaling study from ``benchmarks/results/scaling/*.json`` (``python
 benchmarks/scaling.py report``): the sweeps, each optimizer at its best rate per size, the
-learning-rate ratios to AdamW, and the optimizer's share of a train step extrapolated to larger
-batches."""
+learning-rate ratios to AdamW, the optimizer's share of a train step extrapolated to larger
+batches, and the data axis (DASH against Muon and AdamW at budgets of tokens per parameter)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import itertools
 import statistics
 from pathlib import Path
 
-from scaling import SIZES, best_rate, load, longer_studies
+from scaling import SIZES, best_rate, data_studies, load, longer_studies, params_of
 
 COLORS = {
     "adamw": "C0",
@@ -29,13 +29,6 @@ ROWS_HEAD = (
     "fraction of AdamW's steps to its final loss | fraction of AdamW's seconds | ms / step | "
     "optimizer ms / step (share) |\n|---|---|---|---|---|---|---|---|---|---|"
 )
-
-
-def params_of(model: dict) -> int:
-    """Parameters of train_lm's Llama (byte vocabulary, tied nothing): embedding, head, and per
-    layer four attention matrices, three feed-forward matrices and two norm vectors, plus the final norm."""
-    d, hidden, vocab = model["d_model"], (8 * model["d_model"]) // 3, 256
-    return 2 * vocab * d + model["n_layers"] * (4 * d * d + 3 * d * hidden + 2 * d) + d
 
 
 def mean_std(values: list[float]) -> str:
@@ -193,6 +186,61 @@ def precision_rows(size: str) -> list[str]:
     return lines
 
 
+def tokens_per_param(model: dict) -> float:
+    """The tokens a run trained on per parameter of its model."""
+    return model["steps"] * model["batch"] * model["context"] / params_of(model)
+
+
+def data_point(name: str, label: str = "dash-defaults") -> dict | None:
+    """``label`` against Muon and AdamW in one study, each at its best rate: tokens per parameter,
+    tokens a step, the paired gap to Muon's final loss (seeds on one machine) and the fractions of
+    AdamW's steps and seconds to reach AdamW's final loss (None where not reached); None without
+    runs of ``label``."""
+    at_best = tuned(name)
+    if label not in at_best:
+        return None
+    model = at_best[label][0]["model"]
+    muon = {r["seed"]: r for r in at_best.get("muon", [])}
+    gaps = [
+        r["val_loss"][-1] - muon[r["seed"]]["val_loss"][-1]
+        for r in at_best[label]
+        if r["seed"] in muon and r.get("machine") == muon[r["seed"]].get("machine")
+    ]
+    adamw = {r["seed"]: r for r in at_best.get("adamw", [])}
+    hits = step_fractions(at_best, label)
+    reached = all(hit is not None for _, hit in hits) and bool(hits)
+    return {
+        "study": name,
+        "tokens_per_param": tokens_per_param(model),
+        "tokens_per_step": model["batch"] * model["context"],
+        "steps": model["steps"],
+        "gaps": gaps,
+        "steps_fraction": statistics.mean(h[0] / r["model"]["steps"] for r, h in hits) if reached else None,
+        "wall_fraction": statistics.mean(h[1] / adamw[r["seed"]]["wall"] for r, h in hits) if reached else None,
+    }
+
+
+def data_rows(names: list[str]) -> list[str]:
+    """One row per study: DASH's defaults against tuned Muon and AdamW (issue 54's targets: at
+    least 0.01 below Muon, AdamW's final loss in at most 0.7 of its steps and in fewer seconds)."""
+    rows = []
+    for name in names:
+        point = data_point(name)
+        if point is None:
+            continue
+        fraction = lambda x: "not reached" if x is None else f"{x:.2f}"
+        gap = paired(point["gaps"]) if point["gaps"] else "-"
+        rows.append(
+            f"| {name} | {point['tokens_per_param']:.2f} | {point['tokens_per_step']:,} | {point['steps']} | {gap} | "
+            f"{fraction(point['steps_fraction'])} | {fraction(point['wall_fraction'])} |"
+        )
+    return rows
+
+
+DATA_HEAD = (
+    "| study | tokens / parameter | tokens / step | steps | dash-defaults minus Muon (paired: mean ± s.e.) | "
+    "fraction of AdamW's steps to its final loss | fraction of AdamW's seconds |\n|---|---|---|---|---|---|---|"
+)
 PRECISION_HEAD = (
     "| size | run | lr | final val loss (mean ± std) | minus float32's (paired: mean ± s.e.) | per seed | "
     "every seed within 0.005 |\n|---|---|---|---|---|---|---|"
@@ -219,6 +267,14 @@ def report(plots: str) -> None:
     for base, name in (("adamw", "AdamW"), ("muon", "Muon")):
         print(f"\n### Best rate over {name}'s best rate\n")
         print(rate_table(sizes, base))
+    data = data_studies()
+    if data:
+        print("\n### The data axis: budgets of tokens per parameter (issue 54)\n")
+        print(DATA_HEAD)
+        print("\n".join(data_rows([*sizes, *data])))
+        print("\n" + ROWS_HEAD.format("study"))
+        for name in data:
+            print("\n".join(size_rows(name)))
     precision = [line for size in sizes for line in precision_rows(size)]
     if precision:
         print("\n### Each precision paired with float32 (issue 53)\n")
@@ -233,6 +289,48 @@ def report(plots: str) -> None:
     for size in sizes:
         print("\n".join(extrapolation(size)))
     plot(sizes, Path(plots))
+    if data:
+        print(f"wrote {plot_data_axis([*sizes, *data], Path(plots))}")
+
+
+def plot_data_axis(names: list[str], folder: Path) -> Path:
+    """scaling_data.png: dash-defaults' final loss minus tuned Muon's (paired, mean and standard
+    error) against tokens per parameter, one line per size and tokens a step: the size presets'
+    studies and the data axis's budgets on the same axes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
+    for name in names:
+        point = data_point(name)
+        if point is None or not point["gaps"]:
+            continue
+        gaps = point["gaps"]
+        error = statistics.stdev(gaps) / len(gaps) ** 0.5 if len(gaps) > 1 else 0.0
+        key = (name.split("-")[0], point["tokens_per_step"])
+        lines.setdefault(key, []).append((point["tokens_per_param"], statistics.mean(gaps), error))
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    for (size, tokens), points in sorted(lines.items()):
+        xs, ys, errors = zip(*sorted(points))
+        ax.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, label=f"size {size}, {tokens:,} tokens a step")
+    ax.axhline(0.0, color="black", lw=0.8)
+    ax.axhline(-0.01, color="grey", ls="--", lw=1, label="target: 0.01 below Muon")
+    ax.set(
+        xscale="log",
+        xlabel="tokens per parameter",
+        ylabel="final loss minus Muon's",
+        title="DASH's defaults against tuned Muon",
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "scaling_data.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def plot(sizes: list[str], folder: Path) -> None:

@@ -35,7 +35,7 @@ def test_grid_is_one_and_three_per_decade():
 def fake_trainer(best_lr: float, trained: list):
     """Stands in for train_lm: a run's final loss is a parabola in log10(lr) around ``best_lr``."""
 
-    def train(size, label, rates, seeds, progress):
+    def train(study, label, rates, seeds, progress):
         runs = []
         for lr in rates:
             for seed in seeds:
@@ -44,7 +44,7 @@ def fake_trainer(best_lr: float, trained: list):
                 trained.append((label, lr, seed))
                 loss = 1.0 + (math.log10(lr) - math.log10(best_lr)) ** 2
                 runs.append({"optimizer": label, "lr": lr, "seed": seed, "val_loss": [loss]})
-        scaling.record(size, runs)
+        scaling.record(study.name, runs)
 
     return train
 
@@ -54,13 +54,13 @@ def test_sweep_widens_until_the_best_rate_is_inside(monkeypatch, tmp_path, best)
     monkeypatch.setattr(scaling, "RESULTS", tmp_path)
     trained = []
     monkeypatch.setattr(scaling, "train", fake_trainer(best, trained))
-    assert scaling.sweep("s", "adamw", progress=False) == pytest.approx(best)
+    assert scaling.sweep(scaling.Study("s"), "adamw", progress=False) == pytest.approx(best)
     tried = sorted(lr for _, lr, _ in trained)
     assert tried[0] < best < tried[-1]  # inside the grid, not on its edge
     assert len(tried) == len(set(tried)) == 3 + abs(scaling.grid_index(best) - scaling.grid_index(1e-3))
     # the next size starts around this size's best rate
     trained.clear()
-    scaling.sweep("m", "adamw", progress=False)
+    scaling.sweep(scaling.Study("m"), "adamw", progress=False)
     low, center, high = sorted(lr for _, lr, _ in trained)
     assert center == best and 3 <= best / low <= 3.34 and 3 <= high / best <= 3.34
 
@@ -69,7 +69,7 @@ def test_sweep_gives_up_widening_at_the_grid_limit(monkeypatch, tmp_path):
     monkeypatch.setattr(scaling, "RESULTS", tmp_path)
     trained = []
     monkeypatch.setattr(scaling, "train", fake_trainer(1e3, trained))  # the best rate is far off the grid
-    scaling.sweep("s", "adamw", progress=False)
+    scaling.sweep(scaling.Study("s"), "adamw", progress=False)
     assert len(trained) == scaling.MAX_GRID
 
 
@@ -223,13 +223,13 @@ def test_train_runs_what_is_missing_in_one_process_per_set_of_rates(monkeypatch,
     calls = []
     fake_train_lm(monkeypatch, calls)
     scaling.record("s", [{"optimizer": "dash-ndb", "lr": 1e-3, "seed": 2, "val_loss": [1.0]}])
-    scaling.train("s", "dash-ndb", [1e-3, 3e-3], [0, 1, 2], progress=False)
+    scaling.train(scaling.Study("s"), "dash-ndb", [1e-3, 3e-3], [0, 1, 2], progress=False)
     assert len(calls) == 2  # seeds 0 and 1 miss both rates, seed 2 only 3e-3
     assert all(x.startswith("dash-ndb@") for c in calls for x in c[c.index("--runs") + 1 :] if "@" in x)
     assert all(c[c.index("--block-size") + 1] == "128" and c[c.index("--eps") + 1] == "1e-6" for c in calls)
     recorded = {(r["lr"], r["seed"]) for r in scaling.load("s")}
     assert recorded == {(lr, s) for lr in (1e-3, 3e-3) for s in (0, 1, 2)}
-    scaling.train("s", "dash-ndb", [1e-3, 3e-3], [0, 1, 2], progress=False)
+    scaling.train(scaling.Study("s"), "dash-ndb", [1e-3, 3e-3], [0, 1, 2], progress=False)
     assert len(calls) == 2  # nothing left to train
 
 
@@ -305,3 +305,107 @@ def test_the_precision_labels_are_todays_defaults_with_a_precision():
         assert label_config(f"precision-cn-{precision}") == dash_fn.DashConfig(precision=precision, solver="cn")
         corrected = dash_fn.DashConfig(precision=precision, preconditioner="eigenvalue_corrected", solver="qr")
         assert label_config(f"precision-ec-{precision}") == corrected
+
+
+def meta_params(args) -> int:
+    """train_lm's model's parameter count, built on the meta device (independent of params_of)."""
+    config = LlamaConfig(
+        d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads, mlp_hidden=(8 * args.d_model) // 3
+    )
+    with torch.device("meta"):
+        return sum(p.numel() for p in Llama(config).parameters())
+
+
+@pytest.mark.parametrize("size", ["s", "m"])
+@pytest.mark.parametrize(("budget", "batch"), [(1, 128), (5, 128), (20, 128), (40, 128), (20, 512)])
+def test_a_data_budget_trains_its_tokens_per_parameter_at_its_batch(size, budget, batch):
+    study = scaling.Study(size, tokens_per_param=budget, batch=batch)
+    assert study.name == f"{size}-tpp{budget}-b{batch}" and study.factor == 2
+    assert scaling.Study(size, tokens_per_param=budget).batch == 128  # 8x the presets' 16 sequences
+    args = train_lm.parse_args(["--size", size, *study.arguments()])
+    preset = train_lm.parse_args(["--size", size])
+    params, per_step = meta_params(args), args.batch * args.context
+    assert args.batch == batch and preset.batch == 16 and args.context == preset.context
+    assert abs(args.steps * per_step - budget * params) <= per_step / 2  # the nearest whole step
+    # the warm-up keeps the preset's share of the steps, to within a step's rounding
+    assert abs(args.warmup / args.steps - preset.warmup / preset.steps) <= 1 / args.steps
+    assert 15 <= args.steps // args.eval_every <= 40 or args.eval_every == 1
+    train, _ = train_lm.stdlib_corpus(args.corpus_bytes)
+    assert len(train) > 12_000_000  # the whole standard library, not the presets' 4 MB
+
+
+def test_the_data_axis_grid_doubles():
+    rates = [scaling.grid_rate(i, 2) for i in range(-5, 6)]
+    assert scaling.grid_rate(0, 2) == 1e-3
+    assert all(b / a == pytest.approx(2, rel=1e-2) for a, b in zip(rates, rates[1:]))
+    assert all(scaling.grid_index(r, 2) == i for i, r in zip(range(-5, 6), rates))
+
+
+def test_a_data_budget_sweeps_from_its_sizes_best_rate_and_is_recorded_apart(monkeypatch, tmp_path):
+    monkeypatch.setattr(scaling, "RESULTS", tmp_path)
+    preset = [{"optimizer": "adamw", "lr": lr, "seed": 0, "val_loss": [v]} for lr, v in ((1e-3, 1.4), (3e-3, 1.2))]
+    scaling.record("s", preset)
+    trained = []
+    monkeypatch.setattr(scaling, "train", fake_trainer(1e-2, trained))
+    best = scaling.sweep(scaling.Study("s", tokens_per_param=20), "adamw", progress=False)
+    assert best == pytest.approx(1e-2, rel=0.3)  # the factor-2 rate nearest 1e-2 (8e-3)
+    tried = sorted(lr for _, lr, _ in trained)
+    assert all(b / a == pytest.approx(2, rel=1e-2) for a, b in zip(tried, tried[1:]))
+    assert tried[0] == pytest.approx(2e-3)  # it starts around the preset's 3e-3: 2e-3, 4e-3, 8e-3
+    assert tried[0] < best < tried[-1]
+    assert scaling.load("s") == preset and scaling.data_studies() == ["s-tpp20-b128"]
+    assert scaling.longer_studies() == []
+
+
+def test_the_seeds_of_a_data_budget_train_at_its_own_best_rate(monkeypatch, tmp_path):
+    monkeypatch.setattr(scaling, "RESULTS", tmp_path)
+    calls = []
+    fake_train_lm(monkeypatch, calls)
+    scaling.record("s", [{"optimizer": "muon", "lr": 1e-2, "seed": 0, "val_loss": [1.0]}])
+    sweep = [{"optimizer": "muon", "lr": lr, "seed": 0, "val_loss": [v]} for lr, v in ((4e-3, 1.1), (8e-3, 1.3))]
+    scaling.record("s-tpp5-b256", sweep)
+    scaling.main(
+        ["seeds", "--size", "s", "--tokens-per-param", "5", "--batch", "256", "--seeds", "1", "--optimizers", "muon"]
+    )
+    (command,) = calls
+    assert "muon@0.004" in command and command[command.index("--batch") + 1] == "256"
+    assert {(r["lr"], r["seed"]) for r in scaling.load("s-tpp5-b256")} == {(4e-3, 0), (8e-3, 0), (4e-3, 1)}
+    with pytest.raises(SystemExit):
+        scaling.main(["seeds", "--size", "s", "--tokens-per-param", "5", "--steps", "100"])
+
+
+def test_report_gives_the_data_axis_against_muon_and_adamw(monkeypatch, tmp_path):
+    """At a budget, DASH ends 0.02 and 0.04 below Muon on seeds 0 and 1 (paired: -0.03 ± 0.01)
+    and passes AdamW's final 2.0 at step 20 of 50 at twice its step time: 0.4 of its steps and
+    0.8 of its seconds. The size's preset study is a point of the same plot."""
+    monkeypatch.setattr(scaling, "RESULTS", tmp_path)
+    runs = []
+    for seed, gap in ((0, 0.02), (1, 0.04)):
+        runs += [
+            {"optimizer": "adamw", "lr": 1e-3, "seed": seed, **curve(50, [3.0, 2.6, 2.3, 2.1, 2.0], 10, 1)},
+            {"optimizer": "muon", "lr": 1e-2, "seed": seed, **curve(50, [2.8, 2.4, 2.2, 2.0, 1.9], 12, 3)},
+            {
+                "optimizer": "dash-defaults",
+                "lr": 3e-3,
+                "seed": seed,
+                **curve(50, [2.5, 2.0, 1.95, 1.9, 1.9 - gap], 20, 8),
+            },
+        ]
+    scaling.record("s-tpp20-b128", runs)
+    scaling.record(
+        "s",
+        [
+            {**r, "val_loss": [*r["val_loss"][:-1], r["val_loss"][-1] + 0.1 * (r["optimizer"] == "dash-defaults")]}
+            for r in runs
+        ],
+    )
+    (row,) = scaling_report.data_rows(["s-tpp20-b128"])
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    # curve's model: 50 steps of 4 x 256 tokens over params_of(d 32, 1 layer)
+    model = runs[0]["model"]
+    assert cells[1] == f"{50 * 4 * 256 / scaling.params_of(model):.2f}" and cells[2] == "1,024" and cells[3] == "50"
+    assert cells[4] == "-0.0300 ± 0.0100" and cells[5] == "0.40" and cells[6] == "0.80"
+    (preset,) = scaling_report.data_rows(["s"])
+    assert "| +0.0700 ± 0.0100 |" in preset
+    path = scaling_report.plot_data_axis(["s", "s-tpp20-b128"], tmp_path)
+    assert path.exists() and path.stat().st_size > 0

@@ -231,31 +231,37 @@ def adapter_run(device: torch.device, width: int, block: int, compile) -> Callab
     return [lambda x=x: one(x) for x in data], lambda: {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
-def functional_run(device: torch.device, width: int, block: int, compile, options: dict = CHECK_CONFIG):
-    """The functional step (compiled with ``compile`` options, or eager when None; ``options``
-    the DashConfig's) on the same
-    model's parameters and fixed gradients. Under CUDA graphs a replay overwrites the previous
-    replay's outputs, so each call's new params are copied into the same input buffers (static
-    addresses, as the state's) before the next call."""
-    model, _ = model_and_data(device, width)
-    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+def step_in_place(params: dict, config: dash_fn.DashConfig, compile, lr: torch.Tensor):
+    """``one(grads, t)``: step t of ``config``'s functional step (compiled with ``compile``
+    options, or eager when None) as a training loop calls it on fixed input buffers. Under CUDA
+    graphs a replay overwrites the previous replay's outputs, so each call's new params are
+    copied into ``params`` (static addresses, as the state's) before the next call."""
     for x in params.values():
         torch._dynamo.mark_static_address(x, guard=False)
-    config = dash_fn.DashConfig(block_size=block, **options)
     state = dash_fn.init(params, config)
     step = dash_fn.step if compile is None else torch.compile(dash_fn.step, fullgraph=True, **compile)
-    gen = torch.Generator().manual_seed(1)
-    grads = [{k: torch.randn(v.shape, generator=gen).to(device) for k, v in params.items()} for _ in range(8)]
-    lr = torch.tensor(1e-2, device=device)
+    graphs = compile is not None and compile.get("mode") == "reduce-overhead"
 
-    def one(t: int) -> None:
-        if compile is not None and compile.get("mode") == "reduce-overhead":
+    def one(grads: dict, t: int) -> None:
+        if graphs:
             torch.compiler.cudagraph_mark_step_begin()
-        new, _ = step(params, grads[t - 1], state, lr=lr, refresh=dash_fn.is_refresh_step(config, t))
+        new, _ = step(params, grads, state, lr=lr, refresh=dash_fn.is_refresh_step(config, t))
         for k in params:
             params[k].copy_(new[k])
 
-    return [lambda t=t: one(t) for t in range(1, 9)], lambda: {k: v.clone() for k, v in params.items()}
+    return one
+
+
+def functional_run(device: torch.device, width: int, block: int, compile, options: dict = CHECK_CONFIG):
+    """The functional step (:func:`step_in_place`; ``options`` the DashConfig's) on the same
+    model's parameters and fixed gradients."""
+    model, _ = model_and_data(device, width)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    gen = torch.Generator().manual_seed(1)
+    grads = [{k: torch.randn(v.shape, generator=gen).to(device) for k, v in params.items()} for _ in range(8)]
+    config = dash_fn.DashConfig(block_size=block, **options)
+    one = step_in_place(params, config, compile, torch.tensor(1e-2, device=device))
+    return [lambda t=t: one(grads[t - 1], t) for t in range(1, 9)], lambda: {k: v.clone() for k, v in params.items()}
 
 
 WARMUP = 3  # a refresh and a plain step (periodic NDB: two graphs), and CUDA graphs' recording call
@@ -430,23 +436,12 @@ def shipped_step(device: torch.device, shapes: dict, config: dash_fn.DashConfig,
     gen = torch.Generator().manual_seed(0)
     params = {k: torch.randn(s, generator=gen).to(device) for k, s in shapes.items()}
     grads = {k: torch.randn(s, generator=gen).to(device) for k, s in shapes.items()}
-    for x in (*params.values(), *grads.values()):
+    for x in grads.values():
         torch._dynamo.mark_static_address(x, guard=False)
-    state = dash_fn.init(params, config)
-    step = dash_fn.step if compile is None else torch.compile(dash_fn.step, fullgraph=True, **compile)
-    graphs = compile is not None and compile.get("mode") == "reduce-overhead"
-    lr = torch.tensor(1e-3, device=device)
-
-    def one() -> None:
-        if graphs:
-            torch.compiler.cudagraph_mark_step_begin()
-        new, _ = step(params, grads, state, lr=lr, refresh=dash_fn.is_refresh_step(config, 1))
-        for k in params:
-            params[k].copy_(new[k])
-
+    one = step_in_place(params, config, compile, torch.tensor(1e-3, device=device))
     for _ in range(WARMUP):
-        one()
-    return median_seconds(one, reps, device)
+        one(grads, 1)
+    return median_seconds(lambda: one(grads, 1), reps, device)
 
 
 def adamw_step(device: torch.device, shapes: dict, reps: int) -> float:
@@ -579,7 +574,8 @@ def peer_rows(report: Report, deadline: Deadline, args, device, shapes, block, l
             ratio = ""
             if ours:
                 times = 1e3 * refresh / ours[0]["refresh_ms"]
-                ratio = f"; dash_fn's refresh {times:.1f}x faster" if times >= 1 else f"; dash_fn's refresh {1 / times:.1f}x slower"
+                faster = f"{times:.1f}x faster" if times >= 1 else f"{1 / times:.1f}x slower"
+                ratio = f"; dash_fn's refresh {faster}"
             return f"plain {1e3 * plain:.1f} ms, refresh {1e3 * refresh:.1f} ms{ratio}", True
 
         guarded(report, deadline, f"distributed shampoo, {root} roots, {label}", 30 if args.dry_run else 90, row)

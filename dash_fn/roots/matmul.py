@@ -211,9 +211,11 @@ PLAIN = Products("float32", "plain")
 # Every Products a step can use, built once here: the step looks its own up rather than build
 # one while torch.compile traces it (torch 2.11's Dynamo builds such an object without its
 # fields).
-_BUILT = {(precision, kernel): Products(precision, kernel)
-          for precision in ("tf32", "bfloat16", "float16")
-          for kernel in ("tensor_core", "native_cpu", "emulated")}
+_BUILT = {
+    (precision, kernel): Products(precision, kernel)
+    for precision in ("tf32", "bfloat16", "float16")
+    for kernel in ("tensor_core", "native_cpu", "emulated")
+}
 
 
 def products_for(precision: str, device: torch.device, dtype: torch.dtype = torch.float32) -> Products:

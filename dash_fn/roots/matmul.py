@@ -73,11 +73,10 @@ LOW = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # What "auto" resolves to off the CPU: the fastest precision whose training loss held within
 # 0.005 of float32's on every seed of the paired runs (benchmarks/RESULTS.md, "Precision of the
-# products"). None has at both sizes yet: bfloat16's products missed it on one of two seeds at
-# size m, float16 with coupled Newton held at m and is not measured at l, so it is float32
-# until one does. On CPUs it is float32: on
-# AVX-512 BF16 bf16 gained 1.2x at most at a 10-step refresh, AMX is not measured yet, and
-# float32 keeps the CPU's results the same bits on every CPU.
+# products"). bfloat16's products missed it on one of two seeds at size m; float16 with
+# coupled Newton held at m and l, but the eigenvalue-corrected mode's pairs are not measured
+# yet, so it is float32 until they are. On CPUs it is float32: bfloat16, the only precision
+# with CPU units, did not hold, and float32 keeps the CPU's results the same bits on every CPU.
 AUTO_ACCELERATOR = "float32"
 
 # The parts of a step, and those that keep float32 operands under a precision, with the reason.

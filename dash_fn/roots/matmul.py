@@ -74,8 +74,8 @@ LOW = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 # What "auto" resolves to off the CPU: the fastest precision whose training loss held within
 # 0.005 of float32's on every seed of the paired runs (benchmarks/RESULTS.md, "Precision of the
 # products"). bfloat16's products missed it on one of two seeds at size m; float16 with
-# coupled Newton held at m and l, but the eigenvalue-corrected mode's pairs are not measured
-# yet, so it is float32 until they are. On CPUs it is float32: bfloat16, the only precision
+# coupled Newton held at m and l, but missed it on one seed in the eigenvalue-corrected mode
+# at m, so it is float32 until one setting holds in every mode. On CPUs it is float32: bfloat16, the only precision
 # with CPU units, did not hold, and float32 keeps the CPU's results the same bits on every CPU.
 AUTO_ACCELERATOR = "float32"
 

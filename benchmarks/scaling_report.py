@@ -36,26 +36,37 @@ def mean_std(values: list[float]) -> str:
     return f"{statistics.mean(values):.4f} ± {spread:.4f}"
 
 
+def standard_error(differences: list[float]) -> float:
+    """The standard error of the mean of per-seed differences (0 for one seed)."""
+    return statistics.stdev(differences) / len(differences) ** 0.5 if len(differences) > 1 else 0.0
+
+
 def paired(differences: list[float]) -> str:
     """Mean ± standard error of per-seed differences (a seed fixes data order and initial weights)."""
     if len(differences) < 2:
         return f"{statistics.mean(differences):+.4f}"
-    return f"{statistics.mean(differences):+.4f} ± {statistics.stdev(differences) / len(differences) ** 0.5:.4f}"
+    return f"{statistics.mean(differences):+.4f} ± {standard_error(differences):.4f}"
 
 
-def versus_muon(runs: list[dict], muon: dict[int, dict]) -> str:
-    """The paired difference to Muon's run of the same seed, over the seeds whose two runs were
-    made on one machine (final losses differ between machines by more than some gaps measured).
-    One machine is one ``machine`` line: CPU, torch release, threads and Python alike; a run
-    without the line pairs with nothing."""
+def muon_gaps(runs: list[dict], muon: dict[int, dict]) -> tuple[list[float], int]:
+    """Each run's final loss minus Muon's run of the same seed, over the seeds whose two runs
+    were made on one machine (final losses differ between machines by more than some gaps
+    measured), and how many seeds were left out for that. One machine is one ``machine`` line:
+    CPU, torch release, threads and Python alike; a run without the line pairs with nothing."""
     pairs = [(r, muon[r["seed"]]) for r in runs if r["seed"] in muon]
     same = [
         r["val_loss"][-1] - m["val_loss"][-1] for r, m in pairs if "machine" in r and r["machine"] == m.get("machine")
     ]
-    apart = len(pairs) - len(same)
+    return same, len(pairs) - len(same)
+
+
+def versus_muon(runs: list[dict], muon: dict[int, dict]) -> str:
+    """The paired difference to Muon's run of the same seed (:func:`muon_gaps`)."""
+    same, apart = muon_gaps(runs, muon)
+    pairs = len(same) + apart
     if not same:
         return f"- ({apart} seeds, none on Muon's machine)" if apart else "-"
-    return paired(same) + (f" ({apart} of {len(pairs)} seeds on another machine left out)" if apart else "")
+    return paired(same) + (f" ({apart} of {pairs} seeds on another machine left out)" if apart else "")
 
 
 def first_reach(run: dict, target: float) -> tuple[int, float] | None:
@@ -67,6 +78,17 @@ def step_fractions(at_best: dict[str, list[dict]], label: str) -> list[tuple[dic
     """(run, its first reach of AdamW's final loss) for each of ``label``'s runs whose seed AdamW ran."""
     adamw = {r["seed"]: r for r in at_best.get("adamw", [])}
     return [(r, first_reach(r, adamw[r["seed"]]["val_loss"][-1])) for r in at_best.get(label, []) if r["seed"] in adamw]
+
+
+def reach_fractions(at_best: dict[str, list[dict]], with_adamw: list) -> tuple[float, float] | None:
+    """The mean fractions of AdamW's steps and of its train-step seconds that the runs of
+    ``with_adamw`` (:func:`step_fractions`) take to reach AdamW's final loss; None where there
+    are none or one never reaches it."""
+    adamw = {r["seed"]: r for r in at_best.get("adamw", [])}
+    if not with_adamw or any(hit is None for _, hit in with_adamw):
+        return None
+    steps = statistics.mean(hit[0] / r["model"]["steps"] for r, hit in with_adamw)
+    return steps, statistics.mean(hit[1] / adamw[r["seed"]]["wall"] for r, hit in with_adamw)
 
 
 def tuned(size: str) -> dict[str, list[dict]]:
@@ -100,20 +122,19 @@ def sweep_table(size: str) -> list[str]:
 def size_rows(size: str) -> list[str]:
     """One row per optimizer at its best rate; fractions against AdamW's best run of the same seed."""
     at_best = tuned(size)
-    adamw = {r["seed"]: r for r in at_best.get("adamw", [])}
     muon = {r["seed"]: r for r in at_best.get("muon", [])}
     rows = []
     for label, runs in at_best.items():
         model = runs[0]["model"]
         with_adamw = step_fractions(at_best, label)
-        hits = [(hit, r) for r, hit in with_adamw if hit is not None]
+        missed = sum(hit is None for _, hit in with_adamw)
+        fractions = reach_fractions(at_best, with_adamw)
         if not with_adamw:
             steps_frac = wall_frac = "-"
-        elif len(hits) < len(with_adamw):
-            steps_frac = wall_frac = f"not reached ({len(with_adamw) - len(hits)} of {len(with_adamw)} seeds)"
+        elif fractions is None:
+            steps_frac = wall_frac = f"not reached ({missed} of {len(with_adamw)} seeds)"
         else:
-            steps_frac = f"{statistics.mean(h[0] / r['model']['steps'] for h, r in hits):.2f}"
-            wall_frac = f"{statistics.mean(h[1] / adamw[r['seed']]['wall'] for h, r in hits):.2f}"
+            steps_frac, wall_frac = (f"{x:.2f}" for x in fractions)
         vs_muon = versus_muon(runs, muon)
         step_ms = statistics.mean(1e3 * r["wall"] / r["timed_steps"] for r in runs)
         opt_ms = statistics.mean(1e3 * r["optimizer_s"] / r["timed_steps"] for r in runs)
@@ -201,22 +222,16 @@ def data_point(name: str, label: str = "dash-defaults") -> dict | None:
         return None
     model = at_best[label][0]["model"]
     muon = {r["seed"]: r for r in at_best.get("muon", [])}
-    gaps = [
-        r["val_loss"][-1] - muon[r["seed"]]["val_loss"][-1]
-        for r in at_best[label]
-        if r["seed"] in muon and r.get("machine") == muon[r["seed"]].get("machine")
-    ]
-    adamw = {r["seed"]: r for r in at_best.get("adamw", [])}
-    hits = step_fractions(at_best, label)
-    reached = all(hit is not None for _, hit in hits) and bool(hits)
+    gaps, _ = muon_gaps(at_best[label], muon)
+    fractions = reach_fractions(at_best, step_fractions(at_best, label))
     return {
         "study": name,
         "tokens_per_param": tokens_per_param(model),
         "tokens_per_step": model["batch"] * model["context"],
         "steps": model["steps"],
         "gaps": gaps,
-        "steps_fraction": statistics.mean(h[0] / r["model"]["steps"] for r, h in hits) if reached else None,
-        "wall_fraction": statistics.mean(h[1] / adamw[r["seed"]]["wall"] for r, h in hits) if reached else None,
+        "steps_fraction": None if fractions is None else fractions[0],
+        "wall_fraction": None if fractions is None else fractions[1],
     }
 
 
@@ -308,9 +323,8 @@ def plot_data_axis(names: list[str], folder: Path) -> Path:
         if point is None or not point["gaps"]:
             continue
         gaps = point["gaps"]
-        error = statistics.stdev(gaps) / len(gaps) ** 0.5 if len(gaps) > 1 else 0.0
         key = (name.split("-")[0], point["tokens_per_step"])
-        lines.setdefault(key, []).append((point["tokens_per_param"], statistics.mean(gaps), error))
+        lines.setdefault(key, []).append((point["tokens_per_param"], statistics.mean(gaps), standard_error(gaps)))
     fig, ax = plt.subplots(figsize=(6, 4.2))
     for (size, tokens), points in sorted(lines.items()):
         xs, ys, errors = zip(*sorted(points))

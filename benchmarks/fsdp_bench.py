@@ -15,17 +15,17 @@ way). ``local`` cuts blocks at shard edges and moves nothing. Printed per (d_mod
 the bands that straddle shards, the median plain and refresh step times (the slowest rank's),
 each rank's root cost (sum of b^3 over the factors it refreshes, as a fraction of one
 process's), its optimizer state bytes (and per parameter of the whole layer), and the bytes the
-two all-to-alls move per step, per rank (sent) and in total. The bytes come from the shard's
-row ranges (``moved_elements`` elements of 4 bytes per exchange, two exchanges per step), and a
-wrapper around the all-to-all checks them against what one step really sends.
+two all-to-alls move per step, per rank (sent) and in total. The bytes come from the shards'
+rectangles (``sent_elements`` of 4 bytes, gradients in and directions back), and a wrapper
+around the all-to-all checks them against what one step really sends.
 
 Default d_model values: 512 (block 256: every band of a 2-way split sits inside one shard, so
 exact moves nothing) and 384 (the first 256-row band of each 384-row matrix straddles the
 192-row shards, so exact moves rows).
 
 **Planner** (always printed; ``--planner-only`` prints only it): the DASH paper's Llama 953M at
-block 1024 over W = 8 and 64 ranks, from ``make_plan``, ``shard_rows`` and ``plan_bands``,
-without processes: bytes moved per step by dash_fn exact (2 x moved_elements x 4), by local
+block 1024 over W = 8 and 64 ranks, from ``make_plan``, ``row_rects`` and ``plan_tiles``,
+without processes: bytes moved per step by dash_fn exact (``sent_elements`` both ways x 4), by local
 (0), and by a lossless owner scheme in which each whole parameter lives on one owner rank (the
 least-loaded, by root cost, largest parameters first) and every other rank's shard of its
 gradient goes there and its update comes back; and the all-to-all of every gradient, 2 (W-1)/W
@@ -50,7 +50,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, os.path.dirname(__file__))
 
 import dash_fn  # noqa: E402
-from dash_fn.distributed.fsdp import band_plan, local_shape, moved_elements, plan_bands, shard_rows  # noqa: E402
+from dash_fn.distributed.fsdp import band_plan, local_shape, plan_tiles, row_rects, sent_elements  # noqa: E402
 from dash_fn.distributed.ownership import block_cost  # noqa: E402
 from dash_fn.plan import ADAMW, EMPTY, make_plan  # noqa: E402
 from state_memory import state_bytes  # noqa: E402
@@ -77,21 +77,10 @@ LLAMA_953M += [("embed", (32000, 2048), torch.float32), ("head", (32000, 2048), 
 # ---------------------------------------------------------------- planning (no processes)
 
 
-def _meet(x, y) -> int:
-    return max(0, min(x[1], y[1]) - max(x[0], y[0]))
-
-
-def sent_per_rank(plan, rows, owned_rows) -> list[int]:
-    """Elements each rank sends per step: its shard rows of bands others own (gradients in),
-    plus its owned rows that others hold (directions back)."""
-    world = len(rows[0]) if rows else 1
-    sent = [0] * world
-    for p, held, owned in zip(plan.params, rows, owned_rows):
-        for k in range(world):
-            for o in range(world):
-                if o != k:
-                    sent[k] += (_meet(held[k], owned[o]) + _meet(owned[k], held[o])) * p.view[1]
-    return sent
+def sent_per_rank(plan, rects, owned) -> list[int]:
+    """Elements each rank sends per step: its pieces of blocks others own (gradients in), plus
+    its owned pieces that others hold (directions back)."""
+    return [a + b for a, b in zip(sent_elements(plan, rects, owned), sent_elements(plan, owned, rects))]
 
 
 def straddling_bands(plan, rows) -> int:
@@ -114,16 +103,16 @@ def local_loads(specs, block_size: int, world: int, one_dim: str = "adamw") -> l
 def param_owner_rows(plan, rows, world: int):
     """Whole-parameter owners: each block parameter, largest root cost first, goes to the
     least-loaded rank (ties: the one holding most of its rows, then the lower rank). Returns
-    owned rows in ``plan_bands``'s form and the ranks' root loads."""
+    owned rects in ``plan_tiles``'s form and the ranks' root loads."""
     load = [0] * world
-    owned = [[(0, 0)] * world for _ in plan.params]
+    owned = [[(0, 0, 0, 0)] * world for _ in plan.params]
     costs = [sum(r.n_rows * r.n_cols * block_cost(plan.groups[r.group]) for r in p.regions) for p in plan.params]
     for i in sorted(range(len(plan.params)), key=lambda i: -costs[i]):
         p = plan.params[i]
         if p.kind in (ADAMW, EMPTY):
             continue
-        k = min(range(world), key=lambda k: (load[k], -_meet(rows[i][k], (0, p.view[0])), k))
-        owned[i][k] = (0, p.view[0])
+        k = min(range(world), key=lambda k: (load[k], -(rows[i][k][1] - rows[i][k][0]), k))
+        owned[i][k] = (0, p.view[0], 0, p.view[1])
         load[k] += costs[i]
     return tuple(tuple(r) for r in owned), load
 
@@ -157,16 +146,15 @@ def planner_table(block_size: int, world_sizes: list[int]) -> None:
     )
     print("|---|---|---|---|---|---|---|---|")
     for world in world_sizes:
-        rows = tuple(shard_rows(p.shape, world) for p in plan.params)
+        rows = tuple(row_rects(p.shape, world) for p in plan.params)
         every = 2 * (world - 1) / world * model_bytes
 
         def state(sizes, world=world):
             return f"{max(sizes):,} ({max(sizes) / (one / world):.2f})"
 
-        owned, loads = plan_bands(plan, rows, world)
-        exact = 2 * moved_elements(plan, rows, owned) * BYTES
+        owned, loads = plan_tiles(plan, rows, world)
         sent = sent_per_rank(plan, rows, owned)
-        assert sum(sent) * BYTES == exact
+        exact = sum(sent) * BYTES
         bands = f"{straddling_bands(plan, rows)} of {len(band_plan(plan, rows))}"
         print(
             f"| {world} | dash_fn exact | {exact:,} | {max(sent) * BYTES:,} | {exact / every:.3f} | {bands} "
@@ -278,11 +266,10 @@ def worker(rank: int, world_size: int, args, d_model: int, init_file: str, out: 
             bytes=state_bytes(state),
             params=sum(x.numel() for x in full.values()),
             cost=root_cost(shard.local) / root_cost(plan),
-            moved=moved_elements(plan, shard.rows, shard.owned_rows),
-            sent=sent_per_rank(plan, shard.rows, shard.owned_rows)[rank],
+            sent=sent_per_rank(plan, shard.rects, shard.owned_rects),
             counted=counter.elements,
             calls=counter.calls,
-            straddling=straddling_bands(plan, shard.rows) if mode == "exact" else 0,
+            straddling=straddling_bands(plan, shard.rects) if mode == "exact" else 0,
         )
     torch.save(results, os.path.join(out, f"rank{rank}.pt"))
     dist.barrier()
@@ -308,13 +295,13 @@ def measured_table(args) -> None:
                 ranks = [torch.load(os.path.join(out, f"rank{r}.pt")) for r in range(world_size)]
             for mode in MODES:
                 rs = [r[mode] for r in ranks]
-                total = 2 * rs[0]["moved"] * BYTES
-                sent = [r["sent"] * BYTES for r in rs]
+                sent = [n * BYTES for n in rs[0]["sent"]]
+                total = sum(sent)
                 counted = sum(r["counted"] for r in rs) * BYTES
-                if counted != total or sum(sent) != total:
+                if counted != total:
                     raise RuntimeError(
                         f"d_model {d_model}, W {world_size}, {mode}: planned {total} bytes per step, "
-                        f"per-rank sum {sum(sent)}, the all-to-alls sent {counted}"
+                        f"the all-to-alls sent {counted}"
                     )
                 plain = max(r["plain"] for r in rs) * 1e3
                 refresh = max(r["refresh"] for r in rs) * 1e3

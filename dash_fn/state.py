@@ -12,7 +12,8 @@ from tensordict import TensorDict
 
 from .config import DashConfig
 from .distributed import make_fsdp_shard, make_shard, process_group_info
-from .distributed.fsdp import check_dtensors, local_shape
+from .distributed.fsdp import check_dtensors, row_layout
+from .distributed.layout import Layout, read_layout
 from .inputs import check_params, flatten
 from .plan import Plan, make_plan
 from .roots import prepare, resolve_solver, start_vectors, uses_start_vectors
@@ -89,31 +90,21 @@ def init(
     check_params(names, tensors)
     if len(set(names)) != len(names):
         raise ValueError("init: params names a parameter twice")
-    mesh = check_dtensors(names, tensors)
+    sharded = check_dtensors(names, tensors)
     specs = [(n, tuple(x.shape), x.dtype) for n, x in zip(names, tensors)]
     batch_dims = check_batch_dims(batch_dims, specs)
     _warn_about_mixed_precision(specs)
-    if mesh is None:
+    if not sharded:
         device = tensors[0].device
         _warn_about_precision(config, device)
         return make_state(specs, config, device, *process_group_info(process_group), batch_dims=batch_dims)
     if process_group is not None:
-        raise TypeError("init: params are FSDP2 DTensors, whose DeviceMesh names the ranks; pass process_group=None")
-    mesh, dim = mesh
-    rank, world_size = mesh.get_local_rank(dim), mesh.size(dim)
-    dtensors = cast("list[DTensor]", tensors)  # check_dtensors found their mesh: every param is a DTensor
-    for (name, shape, _), x in zip(specs, dtensors):
-        if tuple(x.to_local().shape) != local_shape(shape, world_size, rank):
-            raise ValueError(
-                f"init: params[{name!r}] holds a shard of shape {tuple(x.to_local().shape)} on rank {rank}, not the "
-                f"{local_shape(shape, world_size, rank)} of FSDP2's even Shard(0) split of {shape} "
-                f"over {world_size} ranks"
-            )
+        raise TypeError("init: params are DTensors, whose DeviceMesh names the ranks; pass process_group=None")
+    dtensors = cast("list[DTensor]", tensors)  # check_dtensors found every param a DTensor
+    layout = read_layout(names, dtensors, batch_dims)
     device = dtensors[0].to_local().device
     _warn_about_precision(config, device)
-    return make_state(
-        specs, config, device, rank, world_size, mesh.get_group(dim).group_name, sharding="fsdp", batch_dims=batch_dims
-    )
+    return make_state(specs, config, device, sharding="fsdp", batch_dims=batch_dims, pieces=layout)
 
 
 def make_state(
@@ -125,13 +116,16 @@ def make_state(
     group_name: str | None = None,
     sharding: str = "replicated",
     batch_dims: Mapping[str, int] | None = None,
+    pieces: Layout | None = None,
 ) -> TensorDict:
     """The initial state for parameters given as (name, shape, dtype), for one rank of W whose
-    parameters are whole (``sharding="replicated"``) or FSDP2 row shards (``"fsdp"``)."""
+    parameters are whole (``sharding="replicated"``) or DTensor pieces (``"fsdp"``): as
+    ``pieces`` places them, by default FSDP2's row shards over W ranks."""
     plan = make_plan(specs, config.block_size, config.one_dim, batch_dims, config.thin_ratio)
     shard: Shard | FsdpShard
     if sharding == "fsdp":
-        shard = make_fsdp_shard(plan, rank, world_size, group_name, config.fsdp_blocks, config.one_dim)
+        pieces = pieces or row_layout(plan, rank, world_size, group_name)
+        shard = make_fsdp_shard(plan, pieces, config.fsdp_blocks, config.one_dim)
     else:
         shard = make_shard(plan, rank, world_size, group_name)
     layout = {**_layout(shard.local, config, device), **constants(plan, shard, config, device)}

@@ -16,7 +16,7 @@ import torch
 import dash_fn
 import fsdp_worker
 from conftest import DISTRIBUTED_WORLD_SIZE, selected_scenarios
-from dash_fn.distributed.fsdp import local_shape, make_fsdp_shard, moved_elements, plan_bands, shard_rows
+from dash_fn.distributed.fsdp import local_shape, make_fsdp_shard, moved_elements, plan_tiles, row_layout, row_rects
 from dash_fn.plan import make_plan
 
 WORKER = os.path.join(os.path.dirname(__file__), "fsdp_worker.py")
@@ -32,10 +32,10 @@ def test_shard_rows_follow_torch_chunk(world_size):
         pieces += [x[:0]] * (world_size - len(pieces))
         kind, (R, C) = dash_fn.plan.matrix_view(shape)
         view = x.reshape(R, C) if x.numel() else None
-        for k, ((lo, hi), piece) in enumerate(zip(shard_rows(shape, world_size), pieces)):
+        for k, ((lo, hi, c0, c1), piece) in enumerate(zip(row_rects(shape, world_size), pieces)):
             assert local_shape(shape, world_size, k) == tuple(piece.shape), (shape, k)
             if view is not None:
-                assert torch.equal(view[lo:hi].reshape(-1), piece.reshape(-1)), (shape, k)
+                assert torch.equal(view[lo:hi, c0:c1].reshape(-1), piece.reshape(-1)), (shape, k)
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 7])
@@ -43,7 +43,9 @@ def test_shard_rows_follow_torch_chunk(world_size):
 def test_every_block_is_owned_once_and_owned_rows_are_whole_bands(world_size, block_size):
     specs = [(f"p{i}", s, torch.float32) for i, s in enumerate(SHAPES)]
     plan = make_plan(specs, block_size, "shampoo")
-    shards = [make_fsdp_shard(plan, k, world_size, "g", "exact", "shampoo") for k in range(world_size)]
+    shards = [
+        make_fsdp_shard(plan, row_layout(plan, k, world_size, "g"), "exact", "shampoo") for k in range(world_size)
+    ]
     for i, p in enumerate(plan.params):
         owned = sorted((row, col) for s in shards for j, row, col, _, _ in s.block_origins(plan) if j == i)
         want = sorted(
@@ -61,15 +63,15 @@ def test_a_straddling_band_goes_to_the_rank_holding_most_of_its_rows():
     """30 rows over 2 ranks (15 each), blocks of 8: band [8, 16) has 7 rows on rank 0, 1 on
     rank 1; band [24, 30) is rank 1's alone. Rank 1 sends its row 15 and gets its update back."""
     plan = make_plan([("w", (30, 20), torch.float32)], 8, "adamw")
-    rows = tuple(shard_rows(p.shape, 2) for p in plan.params)
-    owned, loads = plan_bands(plan, rows, 2)
-    assert owned == (((0, 16), (16, 30)),)
-    assert moved_elements(plan, rows, owned) == 1 * 20
+    rows = tuple(row_rects(p.shape, 2) for p in plan.params)
+    owned, loads = plan_tiles(plan, rows, 2)
+    assert owned == (((0, 16, 0, 20), (16, 30, 0, 20)),)
+    assert moved_elements(plan, rows, owned) == moved_elements(plan, owned, rows) == 1 * 20
     band = 2 * (8**3 + 8**3) + 8**3 + 4**3  # two (8, 8) blocks and an (8, 4) strip
     last = 2 * (6**3 + 8**3) + 6**3 + 4**3  # the 6-row band
     assert loads == [2 * band, band + last]
-    whole = tuple(shard_rows(p.shape, 1) for p in plan.params)
-    assert moved_elements(plan, whole, plan_bands(plan, whole, 1)[0]) == 0
+    whole = tuple(row_rects(p.shape, 1) for p in plan.params)
+    assert moved_elements(plan, whole, plan_tiles(plan, whole, 1)[0]) == 0
 
 
 def test_band_owners_prefer_rows_over_load():
@@ -85,9 +87,9 @@ def test_ties_between_holders_go_to_the_least_loaded_rank():
     """Rows 16 over 2 ranks at block 16: one band, 8 rows each: rank 0 (ties: lower rank);
     a second such parameter then goes to rank 1, the less loaded."""
     plan = make_plan([("a", (16, 16), torch.float32), ("b", (16, 16), torch.float32)], 16, "adamw")
-    rows = tuple(shard_rows(p.shape, 2) for p in plan.params)
-    owned, loads = plan_bands(plan, rows, 2)
-    assert owned == (((0, 16), (0, 0)), ((0, 0), (0, 16)))
+    rows = tuple(row_rects(p.shape, 2) for p in plan.params)
+    owned, loads = plan_tiles(plan, rows, 2)
+    assert owned == (((0, 16, 0, 16), (0, 0, 0, 0)), ((0, 0, 0, 0), (0, 16, 0, 16)))
     assert loads == [2 * 16**3, 2 * 16**3]
 
 
@@ -116,26 +118,27 @@ def test_one_rank_mesh_equals_one_process_bitwise(one_rank_group):
 
 def test_unsupported_placements_raise_type_errors(one_rank_group):
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor import DTensor, Partial, Shard, distribute_tensor
 
     mesh = init_device_mesh("cpu", (1,))
     config = dash_fn.DashConfig(block_size=4)
     w = torch.randn(8, 6)
     cases = [
-        ({"w": distribute_tensor(w, mesh, [Shard(1)])}, r"placements \(Shard\(dim=1\),\).*not tensor-parallel"),
-        ({"w": DTensor.from_local(w, mesh, [Partial()])}, r"placements \(Partial\(sum\),\)"),
-        ({"w": distribute_tensor(w, mesh, [Replicate()])}, r"placements \(Replicate\(\),\)"),
         (
-            {"w": distribute_tensor(w, init_device_mesh("cpu", (1, 1, 1)), [Replicate(), Replicate(), Shard(0)])},
-            "3-D DeviceMesh",
+            {"w": DTensor.from_local(w, mesh, [Partial()])},
+            r"params\['w'\] has placements \(Partial\(sum\),\).*not Partial",
+        ),
+        (
+            {"w": distribute_tensor(torch.randn(2, 3, 4), mesh, [Shard(2)])},
+            r"params\['w'\] has placements \(Shard\(dim=2\),\)",
+        ),
+        (
+            {"w": distribute_tensor(w, init_device_mesh("cpu", (1, 1, 1, 1)), [Shard(0)] * 4)},
+            "4-D DeviceMesh",
         ),
         (
             {"w": distribute_tensor(w, mesh, [Shard(0)]), "b": torch.zeros(3)},
             r"mixes DTensors \('w'\) and plain tensors \('b'\)",
-        ),
-        (
-            {"w": distribute_tensor(w, init_device_mesh("cpu", (1, 1)), [Shard(0), Replicate()])},
-            r"placements \(Shard\(dim=0\), Replicate\(\)\)",
         ),
     ]
     for params, match in cases:
@@ -285,7 +288,7 @@ def test_state_dict_moves_to_any_rank_of_any_world_size(sharding, world_size):
             held += 1
         for i, p in enumerate(shard.local.params):
             if p.kind == ADAMW:
-                lo, hi = shard.rows[i][rank] if sharding == "fsdp" else (0, p.numel)
+                lo, hi = shard.rects[i][rank][:2] if sharding == "fsdp" else (0, p.numel)
                 for field in ("m", "v"):
                     got = loaded["adamw", field][p.flat_offset : p.flat_offset + p.numel]
                     assert torch.equal(got, saved["state"][p.name][field].reshape(-1)[lo:hi]), (rank, p.name, field)

@@ -148,12 +148,12 @@ def test_unsupported_placements_raise_type_errors(one_rank_group):
         dash_fn.init({"w": distribute_tensor(w, mesh, [Shard(0)])}, config, process_group=one_rank_group)
 
 
-def launch(world_size: int, out, task: str, *args: str) -> None:
+def launch(world_size: int, out, task: str, *args: str, worker: str = WORKER) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     init = out / f"init_{task}_{world_size}_{'_'.join(args)}"
     procs = [
         subprocess.Popen(
-            [sys.executable, WORKER, str(rank), str(world_size), str(init), str(out), task, *args],
+            [sys.executable, worker, str(rank), str(world_size), str(init), str(out), task, *args],
             env=env,
             stderr=subprocess.PIPE,
             text=True,

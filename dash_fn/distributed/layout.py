@@ -96,8 +96,9 @@ def read_layout(names: Sequence[str], dtensors: Sequence[Any], batch_dims: dict[
 
 def _check_placement(name: str, p, x) -> None:
     from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
 
-    if isinstance(p, Replicate) or (isinstance(p, Shard) and p.dim in (0, 1)):  # _StridedShard is a Shard
+    if isinstance(p, Replicate) or (isinstance(p, (Shard, _StridedShard)) and p.dim in (0, 1)):
         return
     raise TypeError(
         f"params[{name!r}] has placements {tuple(x.placements)}: dash_fn serves Replicate(), Shard(0) and Shard(1) "

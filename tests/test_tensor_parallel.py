@@ -1,0 +1,85 @@
+"""Tensor parallel beside FSDP2: a Llama block laid out as torchtitan lays it out.
+
+The process tests spawn W gloo CPU processes running tests/tp_worker.py on a (dp, tp) mesh
+and compare every rank's pieces with one process, bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import tp_worker
+from test_fsdp import launch
+
+WORKER = os.path.join(os.path.dirname(__file__), "tp_worker.py")
+# W = 4: FSDP2 over tensor parallel (torchtitan's 2-D layout); W = 2: tensor parallel alone
+LAYOUTS = [(2, 2), (1, 2)]
+
+
+@pytest.fixture(
+    scope="module",
+    params=[pytest.param(layout, marks=pytest.mark.accelerator) for layout in LAYOUTS],
+    ids=lambda layout: f"{layout[0]}x{layout[1]}",
+)
+def ranks(request, tmp_path_factory):
+    dp, tp = request.param
+    out = tmp_path_factory.mktemp(f"tp_{dp}x{tp}")
+    launch(dp * tp, out, "equal", str(dp), str(tp), worker=WORKER)
+    return [torch.load(out / f"equal_{dp}x{tp}_rank{rank}.pt", weights_only=False) for rank in range(dp * tp)]
+
+
+def test_the_layout_is_torchtitans(ranks):
+    """The placements under test are the ones the issue names: FSDP2 over a colwise weight
+    records _StridedShard, a rowwise weight is Shard(1) on tp, the norms replicate on tp, the
+    router lives on the dp sub-mesh; each rank's piece sits where DTensor's offsets say."""
+    placements = ranks[0]["placements"]
+    if len(ranks) == 4:
+        assert placements["attention.wq.weight"] == "(_StridedShard(dim=0, sf=2), Shard(dim=0))"
+        assert placements["attention.wo.weight"] == "(Shard(dim=0), Shard(dim=1))"
+        assert placements["attention_norm.weight"] == "(Shard(dim=0), Replicate())"
+        assert placements["router.weight"] == "(Shard(dim=0),)"
+    else:
+        assert placements["attention.wq.weight"] == "(Shard(dim=0),)"
+        assert placements["attention.wo.weight"] == "(Shard(dim=1),)"
+        assert placements["router.weight"] == "(Replicate(),)"
+    assert all(results["holds"] for results in ranks)
+
+
+@pytest.mark.parametrize("scenario", [*tp_worker.SCENARIOS, pytest.param("compiled", marks=pytest.mark.compat)])
+def test_every_rank_equals_one_process_bitwise(ranks, scenario):
+    """Exact blocks on tensor-parallel pieces: each rank's pieces after the steps are the one
+    process's, bit for bit; pieces did travel (edges inside blocks)."""
+    config = tp_worker.SCENARIOS.get(scenario, tp_worker.SCENARIOS["eigh"])
+    backend = "aot_eager" if scenario == "compiled" else None
+    single = tp_worker.run_functional(config, compile_backend=backend)[0]
+    for rank, results in enumerate(ranks):
+        for name, whole in single.items():
+            assert torch.equal(results[scenario][name], whole[results["boxes"][name]]), (rank, name)
+    if scenario == "eigh":
+        assert any(results["eigh_exchanges"] for results in ranks)
+
+
+def test_the_adapter_equals_one_process_bitwise(ranks):
+    net = tp_worker.block()
+    tp_worker.adapter_run(net, range(1, tp_worker.STEPS + 1))
+    for results in ranks:
+        for name, whole in net.named_parameters():
+            assert torch.equal(results["adapter"][name], whole.detach()[results["boxes"][name]]), name
+
+
+def test_local_blocks_are_each_piece_stepped_alone(ranks):
+    """fsdp_blocks="local" equals one process run on each rank's piece as a whole parameter."""
+    for results in ranks:
+        for name, want in results["local_oracle"].items():
+            assert torch.equal(results["local"][name], want), name
+    assert any(
+        not torch.equal(results["local"]["feed_forward.w1.weight"], results["eigh"]["feed_forward.w1.weight"])
+        for results in ranks
+    )
+
+
+def test_steps_do_not_sync_under_the_accelerator_strategy(ranks):
+    assert [results["syncs"] for results in ranks] == [[]] * len(ranks)

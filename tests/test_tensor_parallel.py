@@ -83,3 +83,35 @@ def test_local_blocks_are_each_piece_stepped_alone(ranks):
 
 def test_steps_do_not_sync_under_the_accelerator_strategy(ranks):
     assert [results["syncs"] for results in ranks] == [[]] * len(ranks)
+
+
+def test_hsdp_beside_tensor_parallel_equals_one_process_bitwise(tmp_path):
+    """(dp_replicate, dp_shard, tp) = (2, 2, 2): 8 processes, each rank's pieces."""
+    launch(8, tmp_path, "hsdp", worker=WORKER)
+    single = tp_worker.run_functional(tp_worker.SCENARIOS["eigh"])[0]
+    for rank in range(8):
+        results = torch.load(tmp_path / f"hsdp_rank{rank}.pt", weights_only=False)
+        assert results["placements"]["attention.wq.weight"] == "(Replicate(), _StridedShard(dim=0, sf=2), Shard(dim=0))"
+        for name, whole in single.items():
+            assert torch.equal(results["pieces"][name], whole[results["boxes"][name]]), (rank, name)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A DCP checkpoint of the functional state after half the steps on the 2 x 2 layout."""
+    out = tmp_path_factory.mktemp("tp_dcp")
+    launch(4, out, "save", "2", "2", worker=WORKER)
+    return out
+
+
+@pytest.mark.parametrize("layout", [(1, 1), (1, 2), (4, 1)], ids=lambda layout: f"{layout[0]}x{layout[1]}")
+def test_a_2x2_checkpoint_resumes_on_another_layout_bitwise(checkpoint, layout):
+    """Saved on (dp, tp) = (2, 2), resumed on one process, on tensor parallel alone and on
+    FSDP2 alone: the remaining steps equal an uninterrupted one-process run."""
+    dp, tp = layout
+    launch(dp * tp, checkpoint, "resume", str(dp), str(tp), "2", "2", worker=WORKER)
+    single = tp_worker.run_functional(tp_worker.FUNCTIONAL)[0]
+    for rank in range(dp * tp):
+        got = torch.load(checkpoint / f"resume_2x2_to_{dp}x{tp}_rank{rank}.pt")
+        for name, want in single.items():
+            assert torch.equal(got[name], want), (rank, name)

@@ -7,9 +7,10 @@
   when DP > 1. Each rank writes its pieces after the functional step (exact blocks, eager
   and compiled with aot_eager; local blocks beside their per-piece oracle), after the adapter,
   and the host syncs of the accelerator strategy's steps.
-- ``save``: 5 functional steps, then a DCP checkpoint of parameters and state.
-- ``resume FROM_DP FROM_TP``: loads the checkpoint saved on that layout, 5 more steps, writes
+- ``save``: the first half of the functional steps, then a DCP checkpoint of parameters and state.
+- ``resume FROM_DP FROM_TP``: loads the checkpoint saved on that layout, takes the other half of the steps, writes
   the full parameters.
+- ``hsdp``: HSDP beside tensor parallel on a (2, 2, 2) mesh, exact blocks; each rank's pieces.
 
 Gradients are the same full tensors on every rank (seeded), each rank taking its piece, so
 neither FSDP's reductions nor tensor parallelism's are under test: only the optimizer's.
@@ -74,9 +75,10 @@ def block() -> Block:
     return net
 
 
-def parallelize(dp: int, tp: int) -> tuple[Block, object]:
+def parallelize(dp: int, tp: int, replicas: int = 1) -> tuple[Block, object]:
     """The block on a (dp, tp) mesh as torchtitan's Llama: ColwiseParallel on q, k, v, w1, w3,
-    RowwiseParallel on o and w2, SequenceParallel on the norms; then fully_shard on dp."""
+    RowwiseParallel on o and w2, SequenceParallel on the norms; then fully_shard on dp. With
+    ``replicas`` > 1 the mesh is (replicas, dp, tp) and FSDP2 is HSDP over its first two dims."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import distribute_module
@@ -87,7 +89,12 @@ def parallelize(dp: int, tp: int) -> tuple[Block, object]:
         parallelize_module,
     )
 
-    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+    if replicas > 1:
+        mesh = init_device_mesh("cpu", (replicas, dp, tp), mesh_dim_names=("dp_replicate", "dp", "tp"))
+        data = mesh["dp_replicate", "dp"]
+    else:
+        mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+        data = mesh["dp"]
     net = block()
     plan = {
         "attention_norm": SequenceParallel(),
@@ -100,10 +107,10 @@ def parallelize(dp: int, tp: int) -> tuple[Block, object]:
     }
     if tp > 1:
         parallelize_module(net, mesh["tp"], plan)
-        if dp == 1:
+        if dp * replicas == 1:
             distribute_module(net.router, mesh["tp"])  # Replicate(): every parameter a DTensor
-    if dp > 1:
-        fully_shard(net, mesh=mesh["dp"])
+    if dp * replicas > 1:
+        fully_shard(net, mesh=data)
     return net, mesh
 
 
@@ -142,8 +149,8 @@ def grads_at(t: int) -> dict[str, torch.Tensor]:
 
 def run_functional(config, params=None, steps=range(1, STEPS + 1), state=None, compile_backend=None):
     """``steps`` functional steps on ``params`` (DTensors, or the whole tensors when None)."""
-    sharded = params is not None
-    params = params if sharded else full_params()
+    params = full_params() if params is None else params
+    sharded = type(next(iter(params.values()))).__name__ == "DTensor"
     state = dash_fn.init(params, config) if state is None else state
     step = (
         dash_fn.step
@@ -258,16 +265,28 @@ def resume_task(rank: int, out: str, dp: int, tp: int, from_dp: int, from_tp: in
     torch.save(whole, os.path.join(out, f"resume_{from_dp}x{from_tp}_to_{dp}x{tp}_rank{rank}.pt"))
 
 
+def hsdp_task(rank: int, out: str) -> None:
+    """HSDP beside tensor parallel on a (2, 2, 2) mesh: exact blocks, eager."""
+    net, _ = parallelize(2, 2, replicas=2)
+    params = {k: v.detach() for k, v in net.named_parameters()}
+    got = run_functional(SCENARIOS["eigh"], params)[0]
+    results = {"pieces": {k: v.to_local() for k, v in got.items()}, "boxes": {k: box(v, v) for k, v in got.items()}}
+    results["placements"] = {k: str(tuple(v.placements)) for k, v in params.items()}
+    torch.save(results, os.path.join(out, f"hsdp_rank{rank}.pt"))
+
+
 def main(rank: int, world: int, init_file: str, out: str, task: str, *args: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    dp, tp, *rest = (int(a) for a in args)
+    dp, tp, *rest = (int(a) for a in args) if args else (2, 2)
     if task == "equal":
         equal_task(rank, out, dp, tp)
     elif task == "save":
         save_task(out, dp, tp)
     elif task == "resume":
         resume_task(rank, out, dp, tp, *rest)
+    elif task == "hsdp":
+        hsdp_task(rank, out)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -190,6 +190,62 @@ def planner_table(block_size: int, world_sizes: list[int]) -> None:
     print()
 
 
+def torchtitan_placements(name: str, dp: int, tp: int) -> tuple:
+    """Where torchtitan's Llama puts a parameter on a (dp, tp) mesh: ColwiseParallel (q, k, v,
+    w1, w3, the output, and the embedding's RowwiseParallel, which splits its rows) shards dim 0
+    over tp, and FSDP2 then records dim 0 over dp as _StridedShard; RowwiseParallel (o, w2)
+    shards dim 1 over tp and FSDP2 dim 0 over dp."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    if name.endswith((".o", ".down")):
+        return (Shard(0), Shard(1))
+    return (Shard(0), Replicate()) if tp == 1 else (_StridedShard(0, split_factor=tp), Shard(0))
+
+
+def tp_edges(p, tp: int) -> list[int]:
+    """The tensor-parallel edges inside a parameter: torch.chunk's, on dim 1 for rowwise
+    weights, else on dim 0."""
+    n = p.shape[1 if p.name.endswith((".o", ".down")) else 0]
+    chunk = -(-n // tp)
+    return [k * chunk for k in range(1, tp) if k * chunk < n]
+
+
+def tp_planner_table(block_sizes: list[int], layouts: list[tuple[int, int]]) -> None:
+    """Bytes that exact blocks move per step on (dp, tp) layouts of Llama 953M, without processes."""
+    from dash_fn.distributed.layout import piece_rects
+
+    print(
+        "Tensor parallel: the DASH paper's Llama 953M laid out as torchtitan lays it out on a (dp, tp) mesh "
+        "(ColwiseParallel q/k/v, gate, up, embedding and output; RowwiseParallel o and down; FSDP2 on dp), "
+        "exact blocks, no processes. Tensor-parallel edges fall on block edges where the rows (columns) per "
+        "tp rank are a multiple of the block size; FSDP2's edges cut inside blocks as in the table above.\n"
+    )
+    print(
+        "| block | dp x tp | tensor-parallel edges inside blocks | bytes moved per step, total "
+        "| largest rank sends | / all-to-all of every gradient | root-cost load largest / mean |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for block_size in block_sizes:
+        plan = make_plan(LLAMA_953M, block_size, "adamw")
+        model_bytes = sum(p.view[0] * p.view[1] for p in plan.params) * BYTES
+        for dp, tp in layouts:
+            world = dp * tp
+            rects = tuple(
+                piece_rects(p.name, p.shape, 0, (dp, tp), torchtitan_placements(p.name, dp, tp), [0, 1])
+                for p in plan.params
+            )
+            inside = sum(1 for p in plan.params for edge in tp_edges(p, tp) if edge % block_size)
+            owned, loads = plan_tiles(plan, rects, world)
+            sent = sent_per_rank(plan, rects, owned)
+            every = 2 * (world - 1) / world * model_bytes
+            print(
+                f"| {block_size} | {dp} x {tp} | {inside} | {sum(sent) * BYTES:,} | {max(sent) * BYTES:,} "
+                f"| {sum(sent) * BYTES / every:.3f} | {max(loads) / (sum(loads) / world):.3f} |"
+            )
+    print()
+
+
 # ---------------------------------------------------------------- measured (W gloo processes)
 
 
@@ -344,10 +400,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--planner-world-sizes", type=int, nargs="+", default=[8, 64], help="world sizes of the planner table"
     )
+    parser.add_argument(
+        "--tp-layouts",
+        nargs="+",
+        default=["8x1", "4x2", "2x4", "1x8"],
+        help="(dp x tp) layouts of the tensor-parallel planner table",
+    )
+    parser.add_argument(
+        "--tp-block-sizes", type=int, nargs="+", default=[256, 1024], help="block sizes of the tensor-parallel table"
+    )
     args = parser.parse_args(argv)
     if not args.planner_only:
         measured_table(args)
     planner_table(args.planner_block_size, args.planner_world_sizes)
+    tp_planner_table(args.tp_block_sizes, [tuple(int(n) for n in x.split("x")) for x in args.tp_layouts])
 
 
 if __name__ == "__main__":

@@ -234,6 +234,13 @@ def test_fsdp_bench_planner(capsys):
         assert 0 < exact < every
         assert rows["dash_fn local"][2] == "0"
         assert int(rows["whole-parameter owner"][2].replace(",", "")) == every  # shards split every dim 0 evenly
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in out.splitlines()]
+    tp = {tuple(cells[:2]): cells for cells in rows if len(cells) == 7 and " x " in cells[1]}
+    # block 256: Llama 953M's tensor-parallel edges inside blocks are only the embeddings' (16,000
+    # rows a rank) at tp 2, and the feed-forward's (704 a rank) as well at tp 8
+    assert [tp["256", f"{dp} x {n}"][2] for dp, n in ((8, 1), (4, 2), (1, 8))] == ["0", "2", "302"]
+    for cells in (tp["256", "8 x 1"], tp["1024", "1 x 8"]):
+        assert 0 < float(cells[5]) < 1  # less than an all-to-all of every gradient
 
 
 def test_fsdp_bench_tiny_run():

@@ -11,12 +11,56 @@ import os
 import pytest
 import torch
 
+import dash_fn
 import tp_worker
+from dash_fn.distributed.layout import piece_rects
 from test_fsdp import launch
 
 WORKER = os.path.join(os.path.dirname(__file__), "tp_worker.py")
 # W = 4: FSDP2 over tensor parallel (torchtitan's 2-D layout); W = 2: tensor parallel alone
 LAYOUTS = [(2, 2), (1, 2)]
+
+
+def _chunk(x: torch.Tensor, parts: int, index: int, dim: int) -> torch.Tensor:
+    """torch.chunk's piece ``index`` of ``parts``, empty past the last (FSDP2's and DTensor's split)."""
+    pieces = torch.chunk(x, parts, dim) if x.shape[dim] else ()
+    return pieces[index] if index < len(pieces) else x.narrow(dim, 0, 0)
+
+
+@pytest.mark.parametrize("shape", [(40, 24), (30, 7), (5, 3), (10, 3, 2), (9,)])
+@pytest.mark.parametrize("dp, tp", [(2, 2), (3, 2), (2, 4)])
+def test_pieces_are_where_nested_chunks_put_them(shape, dp, tp):
+    """Each rank's rect of the 2-D view holds what chunking puts there: colwise under FSDP2
+    (tp chunks of dim 0, each chunked over dp: FSDP2's _StridedShard) and rowwise (dp chunks of
+    dim 0, each chunked over tp along dim 1); vectors replicated over tp."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    x = torch.arange(torch.Size(shape).numel()).reshape(shape)
+    kind, (R, C) = dash_fn.plan.matrix_view(shape)
+    view = x.reshape(R, C)
+    layouts = {
+        "colwise": ((_StridedShard(0, split_factor=tp), Shard(0)), lambda d, t: _chunk(_chunk(x, tp, t, 0), dp, d, 0)),
+        "rowwise": ((Shard(0), Shard(1)), lambda d, t: _chunk(_chunk(x, dp, d, 0), tp, t, 1)),
+        "replicated": ((Shard(0), Replicate()), lambda d, t: _chunk(x, dp, d, 0)),
+    }
+    for name, (placements, oracle) in layouts.items():
+        if len(shape) == 1 and name == "rowwise":
+            continue
+        rects = piece_rects("w", shape, 0, (dp, tp), placements, [0, 1])
+        for (d, t), (r0, r1, c0, c1) in zip([(d, t) for d in range(dp) for t in range(tp)], rects):
+            want = oracle(d, t)
+            assert torch.equal(view[r0:r1, c0:c1].reshape(-1), want.reshape(-1)), (name, d, t)
+            assert (r1 - r0) * (c1 - c0) == want.numel(), (name, d, t)
+
+
+def test_a_piece_that_is_no_rectangle_is_refused():
+    """Shard(1) of 3 stacked experts (batch_dims=1) splits each expert's rows: no one range of
+    the (3 x 10, 6) view's rows; a TypeError names the parameter."""
+    from torch.distributed.tensor import Shard
+
+    with pytest.raises(TypeError, match=r"params\['experts'\] of shape \(3, 10, 6\).*not a rectangle"):
+        piece_rects("experts", (3, 10, 6), 1, (2,), (Shard(1),), [0])
 
 
 @pytest.fixture(

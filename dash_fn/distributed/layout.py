@@ -63,35 +63,50 @@ def read_layout(names: Sequence[str], dtensors: Sequence[Any], batch_dims: dict[
         for p in x.placements:
             _check_placement(name, p, x)
         dims = _sub_mesh_dims(mesh, x.device_mesh, name)
-        on_mesh: list = [Replicate()] * mesh.ndim
+        spread: list = [Replicate()] * mesh.ndim
         for d, p in zip(dims, x.placements):
-            on_mesh[d] = p
-        placements.append(tuple(on_mesh))
-    work = [d for d in range(mesh.ndim) if any(not p[d].is_replicate() for p in placements)]
+            spread[d] = p
+        placements.append(tuple(spread))
+    work = work_dims(placements)
     coordinate = mesh.get_coordinate()
-    work_coords = list(product(*(range(mesh.size(d)) for d in work)))
     mesh_shape = tuple(mesh.shape)
     rects = []
-    for name, x, full in zip(names, dtensors, placements):
+    for name, x, on_mesh in zip(names, dtensors, placements):
         shape = tuple(x.shape)
-        if tuple(x.to_local().shape) != _box(shape, mesh_shape, coordinate, full)[1]:
+        if tuple(x.to_local().shape) != _box(shape, mesh_shape, coordinate, on_mesh)[1]:
             raise ValueError(
                 f"init: params[{name!r}] holds a shard of shape {tuple(x.to_local().shape)} on rank "
                 f"{mesh.get_rank()}, not the one its placements {tuple(x.placements)} give a parameter of {shape}"
             )
-        split = _view_split(shape, batch_dims.get(name, 0))
-        per_rank = []
-        for coords in work_coords:
-            at = list(coordinate)
-            for d, c in zip(work, coords):
-                at[d] = c
-            per_rank.append(_rect(name, shape, split, *_box(shape, mesh_shape, at, full), full))
-        rects.append(tuple(per_rank))
+        rects.append(piece_rects(name, shape, batch_dims.get(name, 0), mesh_shape, on_mesh, work, coordinate))
+    work_coords = list(product(*(range(mesh.size(d)) for d in work)))
     rank = work_coords.index(tuple(coordinate[d] for d in work))
     world = len(work_coords)
     shapes = tuple(tuple(x.to_local().shape) for x in dtensors)
     placed = tuple((x.device_mesh, tuple(x.placements)) for x in dtensors)
     return Layout(rank, world, _work_group(mesh, work) if world > 1 else None, tuple(rects), shapes, placed)
+
+
+def work_dims(placements: Sequence[tuple]) -> list[int]:
+    """The mesh dims on which some parameter is sharded (the others only replicate)."""
+    ndim = len(placements[0]) if placements else 0
+    return [d for d in range(ndim) if any(not p[d].is_replicate() for p in placements)]
+
+
+def piece_rects(
+    name: str, shape, batch_dims: int, mesh_shape, placements, work: Sequence[int], coordinate=None
+) -> tuple[Rect, ...]:
+    """Each work rank's rect of a parameter placed ``placements`` on a mesh of ``mesh_shape``,
+    in the order of the work dims' coordinates (row-major); the other dims at ``coordinate``
+    (their pieces are the same at any). Pure: no processes needed."""
+    coordinate = list(coordinate) if coordinate is not None else [0] * len(mesh_shape)
+    split = _view_split(shape, batch_dims)
+    rects = []
+    for coords in product(*(range(mesh_shape[d]) for d in work)):
+        for d, c in zip(work, coords):
+            coordinate[d] = c
+        rects.append(_rect(name, shape, split, *_box(shape, mesh_shape, coordinate, placements), placements))
+    return tuple(rects)
 
 
 def _check_placement(name: str, p, x) -> None:

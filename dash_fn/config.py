@@ -165,9 +165,9 @@ class DashConfig:
     Distributed:
         - ``comm_dtype`` = None: None (directions travel in the state dtype, exactly) or
           "bfloat16" (half the traffic, rounded alike on every rank) (8.3).
-        - ``fsdp_blocks`` = "exact": under FSDP2, "exact" cuts blocks as one process does
-          (bitwise equal to it, one all-to-all each way) or "local" cuts them at shard edges
-          (no communication, results depend on the world size) (8.4).
+        - ``fsdp_blocks`` = "exact": on DTensors (FSDP2, tensor parallel), "exact" cuts blocks as
+          one process does (bitwise equal to it, one all-to-all each way) or "local" cuts them at
+          the pieces' edges (no communication, results depend on the layout) (8.4).
 
     Robustness:
         - ``skip_nonfinite`` = True: a step whose gradients hold a NaN or Inf, or whose factor
@@ -227,7 +227,7 @@ class DashConfig:
     adamw_beta2: float = 0.95
     adamw_eps: float = 1e-8
     comm_dtype: str | None = None  # distributed directions travel in the state dtype, or "bfloat16"
-    fsdp_blocks: str = "exact"  # FSDP2 shards: blocks as in one process ("exact") or cut at shard edges ("local")
+    fsdp_blocks: str = "exact"  # DTensor pieces: blocks as in one process ("exact") or cut at piece edges ("local")
     precision: str = "float32"
     factor_dtype: str | None = None  # storage dtypes (dash_fn.storage); None: the state dtype
     root_dtype: str | None = None

@@ -84,15 +84,15 @@ class DASH(torch.optim.Optimizer):
     shards every group's state across its ranks (``dash_fn.distributed``): each rank
     keeps and refreshes its share of the blocks and the step gathers the directions. Every
     rank must step with the same (all-reduced) gradients, as DDP provides. Parameters sharded
-    by FSDP2's ``fully_shard`` (DTensors) need no process group: each rank steps the blocks
-    of its row shards (``dash_fn.distributed.fsdp``; ``fsdp_blocks`` picks exact or
-    shard-local blocks).
+    by FSDP2's ``fully_shard`` or tensor parallelism (DTensors) need no process group: each
+    rank steps the blocks of its pieces (``dash_fn.distributed.fsdp``; ``fsdp_blocks`` picks
+    exact or piece-local blocks).
 
     ``state_dict()`` / ``load_state_dict()`` use ``torch.optim``'s layout and load with
     ``torch.load(weights_only=True)``: see ``state_dict``. With a process group each
     rank's dict holds its share, and the dicts of W ranks load at any W' (each rank takes the
     blocks it owns there): through ``torch.distributed.checkpoint`` (the user guide's
-    "torch.distributed, FSDP2 and DCP").
+    "torch.distributed, FSDP2, tensor parallel and DCP").
 
     Args:
         params: an iterable of tensors, of (name, tensor) pairs, or of param-group dicts.

@@ -45,11 +45,12 @@ def init(
     the other ranks' directions itself; every rank must call ``init`` and ``step`` with the
     same params, grads (all-reduced), config and lr.
 
-    FSDP2 parameters (DTensors placed ``Shard(0)`` by ``fully_shard`` on a 1-D mesh, or
-    ``(Replicate(), Shard(0))`` on a 2-D HSDP mesh) need no ``process_group``: the state holds
-    the blocks this rank owns (``dash_fn.distributed.fsdp``), and ``step`` takes and returns
-    the DTensors (or their local shards). ``config.fsdp_blocks`` picks exact blocks (as one
-    process, the default) or blocks cut at shard edges (no communication; results depend on W).
+    DTensor parameters (FSDP2's ``fully_shard``, tensor parallelism's ``parallelize_module``,
+    HSDP, or these together on a mesh of up to 3 dims: ``dash_fn.distributed.layout``) need no
+    ``process_group``: the state holds the blocks this rank owns (``dash_fn.distributed.fsdp``),
+    and ``step`` takes and returns the DTensors (or their local pieces). ``config.fsdp_blocks``
+    picks exact blocks (as one process, the default) or blocks cut at the pieces' edges (no
+    communication; results depend on the layout).
 
     Layout (all tensors in the plan's dtype, on the params' device, except where the config's
     storage dtypes narrow F, Fbar, Gt or A: ``dash_fn.storage``):
@@ -70,7 +71,7 @@ def init(
 
     Args:
         params: the parameters by name: a Mapping[str, Tensor] (``dict(model.named_parameters())``)
-            or a TensorDict, floating point, on one device; or FSDP2 DTensors.
+            or a TensorDict, floating point, on one device; or DTensors (FSDP2, tensor parallel).
         config: the hyper-parameters; their layout fields fix the state's shapes.
         process_group: a ``torch.distributed`` group whose ranks share the blocks (DDP), or None.
         batch_dims: for each named parameter, how many leading dims index independent matrices.
@@ -82,7 +83,7 @@ def init(
         TypeError: ``config`` is not a DashConfig, a parameter is not a floating-point tensor,
             ``batch_dims`` is not a mapping, or DTensors come with a ``process_group``.
         ValueError: a name appears twice, ``batch_dims`` names a missing parameter or an
-            impossible count, or an FSDP2 shard is not the even ``Shard(0)`` split.
+            impossible count, or a DTensor's piece is not the one its placements give.
     """
     if not isinstance(config, DashConfig):
         raise TypeError(f"init: config must be a DashConfig, got {type(config).__name__}")

@@ -318,9 +318,30 @@ MUTATIONS = [
     Mutation(
         "fsdp: shard rows as if dim 0 had the view's rows",
         "dash_fn/distributed/fsdp.py",
-        "rows.append((lo * per_d0 // C, hi * per_d0 // C) if numel else (0, 0))",
-        "rows.append((lo, hi) if numel else (0, 0))",
+        "rects.append((lo * per_d0 // C, hi * per_d0 // C, 0, C) if numel and hi > lo else (0, 0, 0, 0))",
+        "rects.append((lo, hi, 0, C) if numel and hi > lo else (0, 0, 0, 0))",
         ("tests/test_fsdp.py", "-k", "torch_chunk"),
+    ),
+    Mutation(
+        "layout: a box's first flat index from its last dim's offset alone",
+        "dash_fn/distributed/layout.py",
+        "a = a * size + offset[d]",
+        "a = offset[d]",
+        ("tests/test_tensor_parallel.py", "-k", "nested_chunks"),
+    ),
+    Mutation(
+        "fsdp: pieces of a rectangle assembled upside down",
+        "dash_fn/distributed/fsdp.py",
+        "piece[2] - target[2] : piece[3] - target[2]] = x",
+        "piece[2] - target[2] : piece[3] - target[2]] = x.flip(0)",
+        ("tests/test_tensor_parallel.py", "-k", "one_process_bitwise and eigh and 2x2"),
+    ),
+    Mutation(
+        "fsdp: column strips at the ranks' column edges, inside blocks",
+        "dash_fn/distributed/fsdp.py",
+        "nearest = [min(edges, key=lambda e: (abs(e - c0), e)) for c0, _ in ranges[1:]]",
+        "nearest = [c0 for c0, _ in ranges[1:]]",
+        ("tests/test_tensor_parallel.py", "-k", "one_process_bitwise and eigh and 2x2"),
     ),
     Mutation(
         "checkpoint: checksum not verified",

@@ -259,7 +259,7 @@ def _warn_about_precision(config: DashConfig, device: torch.device) -> None:
     """Warn where an explicit precision is emulated (:mod:`dash_fn.roots.matmul`): its numerics
     at float32 speed, never what someone choosing 16 bits or TF32 for speed wants. ("auto" never
     emulates: it picks float32 where the device has no faster form.)"""
-    products = products_for(config.precision, device)
+    products = products_for(config.precision, device, preconditioner=config.preconditioner)
     if products.kernel == "emulated":
         warnings.warn(
             f"precision={config.precision!r} on {device.type}: this device has no {config.precision} matrix unit "

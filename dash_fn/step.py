@@ -98,7 +98,9 @@ def step(params, grads, state: TensorDict, *, lr, refresh: bool | None = None):
             "step's number t counted on the host"
         )
     with torch.no_grad():
-        forms = forms_for(strategy, products_for(config.precision, state["step"].device, shard.local.dtype))
+        forms = forms_for(
+            strategy, products_for(config.precision, state["step"].device, shard.local.dtype, config.preconditioner)
+        )
         new = _apply(forms, plan, shard, config, state, ordered_params, ordered_grads, lr, refresh)
         updated = dict(zip(plan.names, new))
     return rebuild(params, keys, [like(x, updated[n]) for n, x in zip(names, param_list)]), state

@@ -14,7 +14,7 @@ import torch
 
 import dash_fn
 from conftest import mixed_params, random_grads
-from dash_fn.roots.matmul import AUTO_ACCELERATOR, PLAIN, Products, cpu_has_bf16_units, products_for
+from dash_fn.roots.matmul import PLAIN, Products, cpu_has_bf16_units, products_for
 from dash_fn.strategy import simulated_accelerator
 from syncs import assert_one_graph_without_syncs
 
@@ -108,11 +108,12 @@ def test_inductor_keeps_the_rounding(precision, kernel):
 
 
 def test_auto_resolves_from_static_facts():
-    """auto: the accelerator's precision off the CPU, float32 on every CPU (so the suite keeps its
+    """auto: off the CPU, float16 under Shampoo's preconditioner and float32 under the
+    eigenvalue-corrected one (the paired training runs); float32 on every CPU (so the suite keeps its
     bits); bfloat16 natively where the CPU has bf16 units; float64 stacks are never rounded;
     explicit float32 is the plain product on every device."""
-    on_gpu = PLAIN if AUTO_ACCELERATOR == "float32" else Products(AUTO_ACCELERATOR, "tensor_core")
-    assert products_for("auto", torch.device("cuda")) == on_gpu
+    assert products_for("auto", torch.device("cuda")) == Products("float16", "tensor_core")
+    assert products_for("auto", torch.device("cuda"), preconditioner="eigenvalue_corrected") is PLAIN
     assert products_for("tf32", torch.device("cuda")) == Products("tf32", "tensor_core")
     assert products_for("auto", torch.device("cpu")) is PLAIN
     native = Products("bfloat16", "native_cpu")

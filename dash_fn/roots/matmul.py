@@ -11,7 +11,8 @@ the working dtype; small products (power iteration's mat-vecs) stay there too.
 A part of the step that a precision cannot serve keeps float32 operands (:data:`STAYS_FLOAT32`):
 the Newton iterations amplify their own rounding where a 7-bit fraction is too coarse.
 
-``"auto"`` picks per device from static facts: off the CPU, :data:`AUTO_ACCELERATOR`; on CPUs
+``"auto"`` picks from static facts: off the CPU, :data:`AUTO_ACCELERATOR` of the
+preconditioner (float16 for Shampoo's, float32 for the eigenvalue-corrected one); on CPUs
 "float32". Its results therefore differ across hardware by 16-bit rounding, as TF32's do; an
 explicit "float32" gives the same bits everywhere.
 
@@ -71,13 +72,14 @@ def stacked_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 LOW = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
-# What "auto" resolves to off the CPU: the fastest precision whose training loss held within
-# 0.005 of float32's on every seed of the paired runs (benchmarks/RESULTS.md, "Precision of the
-# products"). bfloat16's products missed it on one of two seeds at size m; float16 with
-# coupled Newton held at m and l, but missed it on one seed in the eigenvalue-corrected mode
-# at m, so it is float32 until one setting holds in every mode. On CPUs it is float32: bfloat16, the only precision
-# with CPU units, did not hold, and float32 keeps the CPU's results the same bits on every CPU.
-AUTO_ACCELERATOR = "float32"
+# What "auto" resolves to off the CPU, per preconditioner: the fastest precision whose final
+# training loss held within 0.005 of float32's on every seed of the paired runs at both sizes
+# (benchmarks/RESULTS.md, "Precision of the products"). bfloat16's products missed it; float16
+# held with coupled Newton (the accelerators' solver) but not on every seed of the
+# eigenvalue-corrected mode, which keeps float32. On CPUs it is float32: bfloat16, the only
+# precision with CPU units, did not hold, and float32 keeps the CPU's results the same bits on
+# every CPU.
+AUTO_ACCELERATOR = {"shampoo": "float16", "eigenvalue_corrected": "float32"}
 
 # The parts of a step, and those that keep float32 operands under a precision, with the reason.
 # The rule: an iteration keeps float32 where the precision moves its result by more than 5% of
@@ -115,11 +117,12 @@ def cpu_has_bf16_units() -> bool:
     return BF16_UNITS
 
 
-def resolve_precision(precision: str, device: torch.device) -> str:
-    """The precision a config's setting means on ``device``: "auto" resolved, others as given."""
+def resolve_precision(precision: str, device: torch.device, preconditioner: str = "shampoo") -> str:
+    """The precision a config's setting means on ``device`` for its ``preconditioner``: "auto"
+    resolved, others as given."""
     if precision != "auto":
         return precision
-    return "float32" if device.type == "cpu" else AUTO_ACCELERATOR
+    return "float32" if device.type == "cpu" else AUTO_ACCELERATOR[preconditioner]
 
 
 @torch.library.custom_op("dash_fn::round_to", mutates_args=())
@@ -217,11 +220,13 @@ _BUILT = {
 }
 
 
-def products_for(precision: str, device: torch.device, dtype: torch.dtype = torch.float32) -> Products:
-    """The products of a config's ``precision`` on ``device`` for stacks of ``dtype``: the
-    kernel is a static fact of the device (the module doc). float64 stacks (a float64 model's
-    state) are never rounded."""
-    resolved = resolve_precision(precision, device)
+def products_for(
+    precision: str, device: torch.device, dtype: torch.dtype = torch.float32, preconditioner: str = "shampoo"
+) -> Products:
+    """The products of a config's ``precision`` on ``device`` for stacks of ``dtype`` under its
+    ``preconditioner``: the kernel is a static fact of the device (the module doc). float64
+    stacks (a float64 model's state) are never rounded."""
+    resolved = resolve_precision(precision, device, preconditioner)
     if resolved == "float32" or dtype != torch.float32:
         return PLAIN
     if device.type == "cuda" or (device.type == "xpu" and resolved != "tf32"):

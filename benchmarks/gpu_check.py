@@ -39,8 +39,9 @@ seconds from the start) stops starting new rows in time to write the report; the
 
 The shipped configuration (``DashConfig()``: staggered refresh, ``solver="auto"``, which is
 coupled Newton's cube roots on a GPU, its default precision) is timed as a user runs it, one
-compiled step per call under CUDA graphs, at blocks of 256 and 1024, and in the
-eigenvalue-corrected mode. The precision rows time plain and refresh steps at float32, TF32,
+compiled step per call under CUDA graphs, at blocks of 256 and 1024, with ``precision="auto"``
+(float16 products on a GPU: the candidate for the default), and in the eigenvalue-corrected
+mode. The precision rows time plain and refresh steps at float32, TF32,
 bfloat16 and float16, each against the peak of a large product of its own operands. The
 training rows run ``examples/train_lm.py --size l`` with a realistic batch for AdamW, Muon and
 DASH at its default precision: ms per step, final loss and the fraction of AdamW's steps and
@@ -466,7 +467,11 @@ def shipped_rows(report: Report, deadline: Deadline, args, device, shapes, block
         return f"{1e3 * adamw[0]:.2f} ms", True
 
     guarded(report, deadline, f"shipped: torch AdamW (foreach), {label}", 10, adamw_row)
-    modes = (("DashConfig()", {}), ("eigenvalue-corrected", {"preconditioner": "eigenvalue_corrected"}))
+    modes = (
+        ("DashConfig()", {}),
+        ("DashConfig(precision='auto')", {"precision": "auto"}),  # the tensor-core switch: the default's candidate
+        ("eigenvalue-corrected", {"preconditioner": "eigenvalue_corrected"}),
+    )
     for block in blocks:
         for mode, options in modes:
             config = dash_fn.DashConfig(block_size=block, **options)

@@ -22,8 +22,8 @@ def test_gpu_check_dry_run(tmp_path):
     assert gpu_check.main(["--dry-run", "--out", str(report)]) == 0
     out = report.read_text()
     for block in (8, 16):
-        assert f"| shipped: DashConfig(), block {block}, precision float32, tiny | compiled " in out
-        assert f"| shipped: eigenvalue-corrected, block {block}, precision float32, tiny | compiled " in out
+        for mode, precision in MODES:
+            assert f"| shipped: {mode}, block {block}, precision {precision}, tiny | compiled " in out
     for precision in gpu_check.PRECISIONS:
         assert f"| precision {precision}: coupled Newton step times, tiny | " in out
         assert f"{precision}: peak of its products " in out
@@ -106,7 +106,7 @@ def test_gpu_check_fails_on_wrong_numbers(tmp_path, monkeypatch):
     assert gpu_check.main(["--dry-run", "--only", "syncs", "accuracy", "--out", str(report)]) == 0
 
 
-MODES = ("DashConfig()", "eigenvalue-corrected")
+MODES = (("DashConfig()", "float32"), ("DashConfig(precision='auto')", "auto"), ("eigenvalue-corrected", "float32"))
 
 
 def test_gpu_check_fails_a_row_that_cuda_graphs_skipped(tmp_path, monkeypatch):
@@ -118,7 +118,7 @@ def test_gpu_check_fails_a_row_that_cuda_graphs_skipped(tmp_path, monkeypatch):
     assert gpu_check.main(["--dry-run", *only, "--solver", "ndb", "--out", str(report)]) == 1
     failed = [line.split(" | ")[0][2:] for line in report.read_text().splitlines() if line.endswith("**FAILED** |")]
     assert failed == [
-        *(f"shipped: {mode}, block {b}, precision float32, tiny" for b in (8, 16) for mode in MODES),
+        *(f"shipped: {mode}, block {b}, precision {precision}, tiny" for b in (8, 16) for mode, precision in MODES),
         "adapter, compiled",
         "functional step, compiled",
         "functional step, spectral rule + eps_rel + nesterov_G, compiled",

@@ -106,6 +106,13 @@ def test_every_rank_equals_one_process_bitwise(ranks, scenario):
         assert any(results["eigh_exchanges"] for results in ranks)
 
 
+def test_the_planned_bytes_are_what_a_step_sends(ranks):
+    """What the all-to-alls of one step send, per rank, equals the plan's count (the figures of
+    benchmarks/fsdp_bench.py's tensor-parallel table come from the same count)."""
+    assert [results["sent"] for results in ranks] == [results["planned"] for results in ranks]
+    assert sum(results["sent"] for results in ranks) > 0
+
+
 def test_the_adapter_equals_one_process_bitwise(ranks):
     net = tp_worker.block()
     tp_worker.adapter_run(net, range(1, tp_worker.STEPS + 1))

@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import dash_fn  # noqa: E402
 from conftest import random_grads  # noqa: E402
+from dash_fn.distributed.fsdp import sent_elements  # noqa: E402
 
 STEPS = 6
 # widths that put tensor-parallel edges inside blocks of 8 (40 / 2 = 20 rows or columns a
@@ -204,6 +205,27 @@ def count_syncs(dp: int, tp: int) -> list[str]:
     return counter.syncs
 
 
+def sent_in_one_step(params, state) -> int:
+    """Elements this rank's all-to-alls send in one step (its buffer holds only what other
+    ranks get)."""
+    import torch.distributed._functional_collectives as collectives
+
+    original, sent = collectives.all_to_all_single, []
+
+    def counted(buffer, *args, **kwargs):
+        sent.append(buffer.numel())
+        return original(buffer, *args, **kwargs)
+
+    collectives.all_to_all_single = counted
+    try:
+        config = state["config"]
+        refresh = dash_fn.is_refresh_step(config, STEPS + 1)
+        dash_fn.step(params, pieces(grads_at(STEPS + 1), params), state, lr=1e-3, refresh=refresh)
+    finally:
+        collectives.all_to_all_single = original
+    return sum(sent)
+
+
 def equal_task(rank: int, out: str, dp: int, tp: int) -> None:
     results: dict = {}
     net, _ = parallelize(dp, tp)
@@ -216,6 +238,16 @@ def equal_task(rank: int, out: str, dp: int, tp: int) -> None:
         got, state = run_functional(config, {k: v.detach() for k, v in params.items()})
         results[name] = {k: v.to_local() for k, v in got.items()}
         results[name + "_exchanges"] = state["shard"].exchanges
+        if name == "eigh":  # one more step: what its all-to-alls send, beside what the plan says
+            results["sent"] = sent_in_one_step(got, state)
+            shard = state["shard"]
+            results["planned"] = [
+                a + b
+                for a, b in zip(
+                    sent_elements(state["plan"], shard.rects, shard.owned_rects),
+                    sent_elements(state["plan"], shard.owned_rects, shard.rects),
+                )
+            ][shard.rank]
     torch._dynamo.config.recompile_limit = 64
     compiled = run_functional(
         SCENARIOS["eigh"], {k: v.detach() for k, v in params.items()}, compile_backend="aot_eager"

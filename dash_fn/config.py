@@ -142,7 +142,7 @@ class DashConfig:
           1e-8, > 0: AdamW's betas and eps for vectors.
 
     Precision:
-        - ``precision`` = "float32": the operands of the step's large matrix products (factor
+        - ``precision`` = "auto": the operands of the step's large matrix products (factor
           products, root and basis iterations, preconditioning products, eigenvalue-corrected
           rotations): "float32", "tf32", "bfloat16" or "float16", with float32 accumulation
           and float32 state either way; or "auto", per device and preconditioner: on GPUs
@@ -229,7 +229,7 @@ class DashConfig:
     adamw_eps: float = 1e-8
     comm_dtype: str | None = None  # distributed directions travel in the state dtype, or "bfloat16"
     fsdp_blocks: str = "exact"  # DTensor pieces: blocks as in one process ("exact") or cut at piece edges ("local")
-    precision: str = "float32"
+    precision: str = "auto"
     factor_dtype: str | None = None  # storage dtypes (dash_fn.storage); None: the state dtype
     root_dtype: str | None = None
     grad_ema_dtype: str | None = None
@@ -313,7 +313,8 @@ class DashConfig:
     def paper(cls, **changes) -> DashConfig:
         """The DASH paper's recommended setting: blocks of 1024, NDB with power-iteration
         scaling, inverse 4th roots refreshed every step, eps 0 and no relative floor, the
-        gradient EMA itself (no look-ahead), vectors under one-sided Shampoo (then ``changes``).
+        gradient EMA itself (no look-ahead), vectors under one-sided Shampoo, float32 products
+        (then ``changes``).
 
         Args:
             **changes: fields set after the preset's.
@@ -336,6 +337,7 @@ class DashConfig:
                 "root_order": 4,
                 "nesterov_G": False,
                 "one_dim": "shampoo",
+                "precision": "float32",
                 **changes,
             }
         )

@@ -147,8 +147,8 @@ class DashConfig:
           rotations): "float32", "tf32", "bfloat16" or "float16", with float32 accumulation
           and float32 state either way; or "auto", per device and preconditioner: on GPUs
           "float16" for Shampoo's preconditioner and "float32" for the eigenvalue-corrected one
-          (``dash_fn.roots.matmul.AUTO_ACCELERATOR``), "float32" on CPUs (results then differ
-          across hardware by 16-bit rounding). A part unstable in a precision keeps
+          (``dash_fn.roots.matmul.AUTO_ACCELERATOR``; CUDA and XPU), "float32" elsewhere, CPUs
+          included (results then differ across hardware by 16-bit rounding). A part unstable in a precision keeps
           float32 (NDB below float32; coupled Newton and Chebyshev under bfloat16). On a CPU,
           bfloat16 runs natively where it has bf16 units (AMX, AVX-512 BF16); a precision the
           device lacks is emulated: its numerics, not its speed (5.5, dash_fn.roots.matmul).

@@ -115,7 +115,8 @@ def test_auto_resolves_from_static_facts():
     assert products_for("auto", torch.device("cuda")) == Products("float16", "tensor_core")
     assert products_for("auto", torch.device("cuda"), preconditioner="eigenvalue_corrected") is PLAIN
     assert products_for("tf32", torch.device("cuda")) == Products("tf32", "tensor_core")
-    assert products_for("auto", torch.device("cpu")) is PLAIN
+    for device in ("cpu", "meta", "mps"):  # no 16-bit matrix units that auto would use: never emulated
+        assert products_for("auto", torch.device(device)) is PLAIN
     native = Products("bfloat16", "native_cpu")
     assert products_for("bfloat16", torch.device("cpu")) == (native if cpu_has_bf16_units() else emulated("bfloat16"))
     assert products_for("float16", torch.device("cpu"), f64) is PLAIN

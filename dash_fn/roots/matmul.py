@@ -11,9 +11,9 @@ the working dtype; small products (power iteration's mat-vecs) stay there too.
 A part of the step that a precision cannot serve keeps float32 operands (:data:`STAYS_FLOAT32`):
 the Newton iterations amplify their own rounding where a 7-bit fraction is too coarse.
 
-``"auto"`` picks from static facts: off the CPU, :data:`AUTO_ACCELERATOR` of the
-preconditioner (float16 for Shampoo's, float32 for the eigenvalue-corrected one); on CPUs
-"float32". Its results therefore differ across hardware by 16-bit rounding, as TF32's do; an
+``"auto"`` picks from static facts: on CUDA and XPU, :data:`AUTO_ACCELERATOR` of the
+preconditioner (float16 for Shampoo's, float32 for the eigenvalue-corrected one); elsewhere
+(CPUs included) "float32". Its results therefore differ across hardware by 16-bit rounding, as TF32's do; an
 explicit "float32" gives the same bits everywhere.
 
 The kernel of a precision is a fact of the device, chosen once per call
@@ -80,6 +80,9 @@ LOW = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 # precision with CPU units, did not hold, and float32 keeps the CPU's results the same bits on
 # every CPU.
 AUTO_ACCELERATOR = {"shampoo": "float16", "eigenvalue_corrected": "float32"}
+# Where "auto" may leave float32: devices whose 16-bit products run on matrix units. Elsewhere
+# (CPUs, MPS, the meta device of a layout) a 16-bit "auto" would only be emulated.
+TENSOR_CORE_DEVICES = ("cuda", "xpu")
 
 # The parts of a step, and those that keep float32 operands under a precision, with the reason.
 # The rule: an iteration keeps float32 where the precision moves its result by more than 5% of
@@ -122,7 +125,7 @@ def resolve_precision(precision: str, device: torch.device, preconditioner: str 
     resolved, others as given."""
     if precision != "auto":
         return precision
-    return "float32" if device.type == "cpu" else AUTO_ACCELERATOR[preconditioner]
+    return AUTO_ACCELERATOR[preconditioner] if device.type in TENSOR_CORE_DEVICES else "float32"
 
 
 @torch.library.custom_op("dash_fn::round_to", mutates_args=())

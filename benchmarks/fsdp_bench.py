@@ -212,20 +212,24 @@ def tp_edges(p, tp: int) -> list[int]:
 
 
 def tp_planner_table(block_sizes: list[int], layouts: list[tuple[int, int]]) -> None:
-    """Bytes that exact blocks move per step on (dp, tp) layouts of Llama 953M, without processes."""
-    from dash_fn.distributed.layout import piece_rects
+    """Bytes that exact and aligned blocks move per step on (dp, tp) layouts of Llama 953M,
+    without processes."""
+    from dash_fn.distributed.layout import piece_rects, tensor_parallel_tiles
 
     print(
         "Tensor parallel: the DASH paper's Llama 953M laid out as torchtitan lays it out on a (dp, tp) mesh "
         "(ColwiseParallel q/k/v, gate, up, embedding and output; RowwiseParallel o and down; FSDP2 on dp), "
-        "exact blocks, no processes. Tensor-parallel edges fall on block edges where the rows (columns) per "
-        "tp rank are a multiple of the block size; FSDP2's edges cut inside blocks as in the table above.\n"
+        "no processes. Exact blocks: tensor-parallel edges fall on block edges where the rows (columns) per "
+        "tp rank are a multiple of the block size; FSDP2's edges cut inside blocks as in the table above. "
+        'Aligned blocks (fsdp_blocks="aligned"): each tensor-parallel piece blocked alone, so only FSDP2\'s '
+        "edges cut inside blocks.\n"
     )
     print(
-        "| block | dp x tp | tensor-parallel edges inside blocks | bytes moved per step, total "
-        "| largest rank sends | / all-to-all of every gradient | root-cost load largest / mean |"
+        "| block | dp x tp | tensor-parallel edges inside exact blocks | exact: bytes moved per step, total "
+        "| largest rank sends | / all-to-all of every gradient | root-cost load largest / mean "
+        "| aligned: bytes moved per step, total |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for block_size in block_sizes:
         plan = make_plan(LLAMA_953M, block_size, "adamw")
         model_bytes = sum(p.view[0] * p.view[1] for p in plan.params) * BYTES
@@ -239,9 +243,18 @@ def tp_planner_table(block_sizes: list[int], layouts: list[tuple[int, int]]) -> 
             owned, loads = plan_tiles(plan, rects, world)
             sent = sent_per_rank(plan, rects, owned)
             every = 2 * (world - 1) / world * model_bytes
+            placements = [torchtitan_placements(p.name, dp, tp) for p in plan.params]
+            tp_dims = [1] if tp > 1 else []  # (the norms, replicated on tp, are not in the list)
+            tiles = {
+                p.name: tensor_parallel_tiles(p.name, p.shape, 0, (dp, tp), on, tp_dims)
+                for p, on in zip(plan.params, placements)
+            }
+            aligned = make_plan(LLAMA_953M, block_size, "adamw", splits=tiles)
+            aligned_sent = sent_per_rank(aligned, rects, plan_tiles(aligned, rects, world)[0])
             print(
                 f"| {block_size} | {dp} x {tp} | {inside} | {sum(sent) * BYTES:,} | {max(sent) * BYTES:,} "
-                f"| {sum(sent) * BYTES / every:.3f} | {max(loads) / (sum(loads) / world):.3f} |"
+                f"| {sum(sent) * BYTES / every:.3f} | {max(loads) / (sum(loads) / world):.3f} "
+                f"| {sum(aligned_sent) * BYTES:,} |"
             )
     print()
 

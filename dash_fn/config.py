@@ -167,8 +167,11 @@ class DashConfig:
         - ``comm_dtype`` = None: None (directions travel in the state dtype, exactly) or
           "bfloat16" (half the traffic, rounded alike on every rank) (8.3).
         - ``fsdp_blocks`` = "exact": on DTensors (FSDP2, tensor parallel), "exact" cuts blocks as
-          one process does (bitwise equal to it, one all-to-all each way) or "local" cuts them at
-          the pieces' edges (no communication, results depend on the layout) (8.4).
+          one process does (bitwise equal to it, one all-to-all each way); "aligned" cuts them as
+          one process would cut each tensor-parallel piece (nothing crosses a tensor-parallel
+          edge; bitwise equal at any data-parallel size with the same tensor-parallel degree,
+          and to one process where those pieces are multiples of ``block_size``); "local" cuts
+          them at every piece's edges (no communication, results depend on the layout) (8.4).
 
     Robustness:
         - ``skip_nonfinite`` = True: a step whose gradients hold a NaN or Inf, or whose factor
@@ -228,7 +231,7 @@ class DashConfig:
     adamw_beta2: float = 0.95
     adamw_eps: float = 1e-8
     comm_dtype: str | None = None  # distributed directions travel in the state dtype, or "bfloat16"
-    fsdp_blocks: str = "exact"  # DTensor pieces: blocks as in one process ("exact") or cut at piece edges ("local")
+    fsdp_blocks: str = "exact"  # DTensor pieces: blocks as one process, or at tensor-parallel edges, or at piece edges
     precision: str = "auto"
     factor_dtype: str | None = None  # storage dtypes (dash_fn.storage); None: the state dtype
     root_dtype: str | None = None
@@ -262,7 +265,7 @@ class DashConfig:
         _check_choice(self, "comm_dtype", (None, "bfloat16"))
         for name in STORAGE_FIELDS:
             _check_choice(self, name, (None, *DTYPES))
-        _check_choice(self, "fsdp_blocks", ("exact", "local"))
+        _check_choice(self, "fsdp_blocks", ("exact", "aligned", "local"))
         t = self.thin_ratio
         if not (t == math.inf or (isinstance(t, (int, float)) and not isinstance(t, bool) and 1 < t < math.inf)):
             raise ValueError(f"DashConfig.thin_ratio must be a number > 1 or math.inf, got {t!r}")

@@ -3,7 +3,8 @@
 docs/ALGORITHM.md sections 2-3. A matrix parameter is viewed as (R, C); its rows split into full
 parts of ``block_size`` plus a remainder, likewise its columns, so the view is a grid of at
 most 2 x 2 *regions*, each a grid of equal blocks (full blocks, right strip, bottom strip,
-corner). Blocks of equal shape across all parameters form one *block group*, stacked as one
+corner); a parameter split into tiles (its tensor-parallel pieces, ``fsdp_blocks="aligned"``)
+has such a grid in each tile. Blocks of equal shape across all parameters form one *block group*, stacked as one
 (N, r, c) tensor; a parameter's blocks of one shape are consecutive in their group, row-major.
 Each group's left factors (and then its right factors) occupy one contiguous slice of the
 *factor stack* of their size, so one batched solver call per factor size refreshes every root.
@@ -178,11 +179,15 @@ def make_plan(
     one_dim: str,
     batch_dims: Mapping[str, int] | None = None,
     thin_ratio: float = math.inf,
+    splits: Mapping[str, tuple[int, int]] | None = None,
 ) -> Plan:
     """Build the plan for parameters given as (name, shape, dtype) in canonical order;
     ``batch_dims[name] = k`` makes a parameter's leading k dims index independent matrices;
-    blocks whose long side is at least ``thin_ratio`` times the short one are thin (2.5)."""
+    blocks whose long side is at least ``thin_ratio`` times the short one are thin (2.5);
+    ``splits[name] = (a, b)`` cuts each of its matrices into a x b equal tiles, each blocked
+    from its own first row and column (tensor-parallel pieces under ``fsdp_blocks="aligned"``)."""
     batch_dims = batch_dims or {}
+    splits = splits or {}
     group_index: dict[tuple[int, int, str], int] = {}
     group_counts: list[int] = []
     group_keys: list[tuple[int, int, str]] = []
@@ -195,8 +200,18 @@ def make_plan(
             kind = SEGMENTS if one_dim == "shampoo" else ADAMW
         regions = []
         if kind in (MATRIX, SEGMENTS):
-            rows = R // count  # of each matrix
-            col_parts = [(0, 1, 1)] if kind == SEGMENTS else _parts(C, block_size)
+            row_tiles, col_tiles = splits.get(name, (1, 1))
+            if (R // count) % row_tiles or C % col_tiles or (kind == SEGMENTS and col_tiles != 1):
+                raise ValueError(
+                    f"splits[{name!r}] = {(row_tiles, col_tiles)} does not tile its matrices of {(R // count, C)}"
+                )
+            rows = R // count // row_tiles  # of each tile
+            cols = C // col_tiles
+            col_parts = (
+                [(0, 1, 1)]
+                if kind == SEGMENTS
+                else [(c0 + a, n, b) for c0 in range(0, C, cols) for a, n, b in _parts(cols, block_size)]
+            )
             for first_row in range(0, R, rows):
                 for row_start, n_rows, block_rows in _parts(rows, block_size):
                     for col_start, n_cols, block_cols in col_parts:

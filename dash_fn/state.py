@@ -49,8 +49,9 @@ def init(
     HSDP, or these together on a mesh of up to 3 dims: ``dash_fn.distributed.layout``) need no
     ``process_group``: the state holds the blocks this rank owns (``dash_fn.distributed.fsdp``),
     and ``step`` takes and returns the DTensors (or their local pieces). ``config.fsdp_blocks``
-    picks exact blocks (as one process, the default) or blocks cut at the pieces' edges (no
-    communication; results depend on the layout).
+    picks exact blocks (as one process, the default), blocks cut at tensor-parallel edges
+    ("aligned": as one process would cut each tensor-parallel piece) or blocks cut at every
+    piece's edges ("local": no communication; results depend on the layout).
 
     Layout (all tensors in the plan's dtype, on the params' device, except where the config's
     storage dtypes narrow F, Fbar, Gt or A: ``dash_fn.storage``):
@@ -122,7 +123,10 @@ def make_state(
     """The initial state for parameters given as (name, shape, dtype), for one rank of W whose
     parameters are whole (``sharding="replicated"``) or DTensor pieces (``"fsdp"``): as
     ``pieces`` places them, by default FSDP2's row shards over W ranks."""
-    plan = make_plan(specs, config.block_size, config.one_dim, batch_dims, config.thin_ratio)
+    tiles = None
+    if pieces is not None and config.fsdp_blocks == "aligned" and pieces.tiles:
+        tiles = {name: t for (name, _, _), t in zip(specs, pieces.tiles)}
+    plan = make_plan(specs, config.block_size, config.one_dim, batch_dims, config.thin_ratio, tiles)
     shard: Shard | FsdpShard
     if sharding == "fsdp":
         pieces = pieces or row_layout(plan, rank, world_size, group_name)

@@ -344,6 +344,20 @@ MUTATIONS = [
         ("tests/test_tensor_parallel.py", "-k", "one_process_bitwise and eigh and 2x2"),
     ),
     Mutation(
+        "plan: tensor-parallel tiles blocked from the parameter's first column, not their own",
+        "dash_fn/plan.py",
+        "[(c0 + a, n, b) for c0 in range(0, C, cols) for a, n, b in _parts(cols, block_size)]",
+        "_parts(C, block_size)",
+        ("tests/test_tensor_parallel.py", "-k", "aligned_blocks_are and 1x2"),
+    ),
+    Mutation(
+        "layout: every sharded mesh dim taken for tensor parallel (FSDP2's edges cut blocks too)",
+        "dash_fn/distributed/layout.py",
+        "return [d for d in work if any(p[d].is_replicate() for p in placements)]",
+        "return list(work)",
+        ("tests/test_tensor_parallel.py", "-k", "aligned_blocks_are and 2x2"),
+    ),
+    Mutation(
         "checkpoint: checksum not verified",
         "dash_fn/checkpoint.py",
         'if blob["checksum"] != _checksum(blob, where):',

@@ -54,6 +54,25 @@ def test_pieces_are_where_nested_chunks_put_them(shape, dp, tp):
             assert (r1 - r0) * (c1 - c0) == want.numel(), (name, d, t)
 
 
+def test_tensor_parallel_tiles_are_the_equal_bands_of_its_pieces():
+    """fsdp_blocks="aligned" tiles a parameter where tensor parallelism alone cuts it into
+    equal bands: rows of a colwise weight (under FSDP2's _StridedShard too), columns of a
+    rowwise one; nothing where it leaves it whole, cuts unevenly or cuts between experts."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    from dash_fn.distributed.layout import tensor_parallel_tiles
+
+    mesh, tp = (2, 2), [1]
+    assert tensor_parallel_tiles("q", (40, 24), 0, mesh, (_StridedShard(0, split_factor=2), Shard(0)), tp) == (2, 1)
+    assert tensor_parallel_tiles("o", (24, 40), 0, mesh, (Shard(0), Shard(1)), tp) == (1, 2)
+    assert tensor_parallel_tiles("norm", (24,), 0, mesh, (Shard(0), Replicate()), tp) == (1, 1)
+    assert tensor_parallel_tiles("q", (40, 24), 0, mesh, (_StridedShard(0, split_factor=2), Shard(0)), []) == (1, 1)
+    assert tensor_parallel_tiles("k", (10, 24), 0, (1, 4), (Replicate(), Shard(0)), tp) == (1, 1)  # 3, 3, 3, 1 rows
+    assert tensor_parallel_tiles("experts", (4, 6, 8), 1, (1, 2), (Replicate(), Shard(0)), tp) == (1, 1)
+    assert tensor_parallel_tiles("conv", (8, 6, 3), 0, (1, 2), (Replicate(), Shard(0)), tp) == (2, 1)
+
+
 def test_a_piece_that_is_no_rectangle_is_refused():
     """Shard(1) of 3 stacked experts (batch_dims=1) splits each expert's rows: no one range of
     the (3 x 10, 6) view's rows; a TypeError names the parameter."""
@@ -132,6 +151,32 @@ def test_local_blocks_are_each_piece_stepped_alone(ranks):
     )
 
 
+def test_aligned_blocks_are_the_tensor_parallel_pieces_stepped_alone(ranks):
+    """fsdp_blocks="aligned" equals one process run on each tensor-parallel piece as a parameter
+    of its own, at every data-parallel size (FSDP2's edges still cut inside those blocks at 2 x
+    2); it differs from exact blocks, whose edges the tensor-parallel ones cut (20 rows or
+    columns a tp rank, blocks of 8)."""
+    tp = 2
+    oracle = tp_worker.tiles_oracle(tp_worker.ALIGNED, tp)
+    for rank, results in enumerate(ranks):
+        for name, whole in oracle.items():
+            assert torch.equal(results["aligned"][name], whole[results["boxes"][name]]), (rank, name)
+    assert any(
+        not torch.equal(results["aligned"]["feed_forward.w1.weight"], results["eigh"]["feed_forward.w1.weight"])
+        for results in ranks
+    )
+
+
+def test_aligned_blocks_send_only_across_data_parallel_edges(ranks):
+    """Tensor parallel alone (1 x 2): aligned blocks send only the update of the router, the
+    matrix both tp ranks hold whole (one steps it); under FSDP2 (2 x 2) they also send the rows
+    at FSDP2's edges, less than exact blocks, whose edges the tensor-parallel ones cut too."""
+    aligned = sum(results["aligned_sent"] for results in ranks)
+    exact = sum(results["sent"] for results in ranks)
+    router = tp_worker.full_params()["router.weight"].numel()
+    assert aligned == router if len(ranks) == 2 else router < aligned < exact
+
+
 def test_steps_do_not_sync_under_the_accelerator_strategy(ranks):
     assert [results["syncs"] for results in ranks] == [[]] * len(ranks)
 
@@ -149,9 +194,11 @@ def test_hsdp_beside_tensor_parallel_equals_one_process_bitwise(tmp_path):
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    """A DCP checkpoint of the functional state after half the steps on the 2 x 2 layout."""
+    """DCP checkpoints of the functional state after half the steps on the 2 x 2 layout, with
+    exact and with aligned blocks."""
     out = tmp_path_factory.mktemp("tp_dcp")
     launch(4, out, "save", "2", "2", worker=WORKER)
+    launch(4, out, "save_aligned", "2", "2", worker=WORKER)
     return out
 
 
@@ -163,6 +210,17 @@ def test_a_2x2_checkpoint_resumes_on_another_layout_bitwise(checkpoint, layout):
     launch(dp * tp, checkpoint, "resume", str(dp), str(tp), "2", "2", worker=WORKER)
     single = tp_worker.run_functional(tp_worker.FUNCTIONAL)[0]
     for rank in range(dp * tp):
-        got = torch.load(checkpoint / f"resume_2x2_to_{dp}x{tp}_rank{rank}.pt")
+        got = torch.load(checkpoint / f"resume_exact_2x2_to_{dp}x{tp}_rank{rank}.pt")
         for name, want in single.items():
+            assert torch.equal(got[name], want), (rank, name)
+
+
+def test_an_aligned_checkpoint_resumes_at_the_same_tensor_parallel_degree_bitwise(checkpoint):
+    """Aligned blocks depend on the tensor-parallel degree only: saved on 2 x 2, resumed on
+    tensor parallel alone (1 x 2), the remaining steps equal the uninterrupted aligned run."""
+    launch(2, checkpoint, "resume_aligned", "1", "2", "2", "2", worker=WORKER)
+    oracle = tp_worker.tiles_oracle(tp_worker.ALIGNED, 2)
+    for rank in range(2):
+        got = torch.load(checkpoint / f"resume_aligned_2x2_to_1x2_rank{rank}.pt")
+        for name, want in oracle.items():
             assert torch.equal(got[name], want), (rank, name)

@@ -258,6 +258,9 @@ def equal_task(rank: int, out: str, dp: int, tp: int) -> None:
         k: v.to_local() for k, v in run_functional(local, {k: v.detach() for k, v in params.items()})[0].items()
     }
     results["local_oracle"] = local_oracle(local, params)
+    aligned, state = run_functional(ALIGNED, {k: v.detach() for k, v in params.items()})
+    results["aligned"] = {k: v.to_local() for k, v in aligned.items()}
+    results["aligned_sent"] = sent_in_one_step(aligned, state)
     adapted, _ = parallelize(dp, tp)
     adapter_run(adapted, range(1, STEPS + 1))
     results["adapter"] = {k: v.to_local() for k, v in adapted.named_parameters()}
@@ -266,21 +269,49 @@ def equal_task(rank: int, out: str, dp: int, tp: int) -> None:
 
 
 FUNCTIONAL = SCENARIOS["eigh"]
+ALIGNED = SCENARIOS["eigh"].replace(fsdp_blocks="aligned")
+COLWISE = (
+    "attention.wq.weight",
+    "attention.wk.weight",
+    "attention.wv.weight",
+    "feed_forward.w1.weight",
+    "feed_forward.w3.weight",
+)
+ROWWISE = ("attention.wo.weight", "feed_forward.w2.weight")
 
 
-def save_task(out: str, dp: int, tp: int) -> None:
+def tiles_oracle(config, tp: int) -> dict[str, torch.Tensor]:
+    """fsdp_blocks="aligned" = one process on every tensor-parallel piece as a parameter of its
+    own: colwise weights cut into tp bands of rows, rowwise ones into tp bands of columns."""
+
+    def cut(name: str, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        parts = torch.chunk(x, tp, 0) if name in COLWISE else torch.chunk(x, tp, 1) if name in ROWWISE else (x,)
+        return {f"{name}#{i}": part.contiguous() for i, part in enumerate(parts)}
+
+    params = {k: v for name, x in full_params().items() for k, v in cut(name, x).items()}
+    state = dash_fn.init(params, config)
+    for t in range(1, STEPS + 1):
+        grads = {k: v for name, g in grads_at(t).items() for k, v in cut(name, g).items()}
+        params, state = dash_fn.step(params, grads, state, lr=1e-2 / t, refresh=dash_fn.is_refresh_step(config, t))
+    whole = {}
+    for name in full_params():
+        parts = [v for k, v in params.items() if k.rsplit("#", 1)[0] == name]
+        whole[name] = torch.cat(parts, dim=1 if name in ROWWISE else 0)
+    return whole
+
+
+def save_task(out: str, dp: int, tp: int, config=FUNCTIONAL) -> None:
     import torch.distributed.checkpoint as dcp
 
     net, _ = parallelize(dp, tp)
     params, state = run_functional(
-        FUNCTIONAL, {k: v.detach() for k, v in net.named_parameters()}, steps=range(1, STEPS // 2 + 1)
+        config, {k: v.detach() for k, v in net.named_parameters()}, steps=range(1, STEPS // 2 + 1)
     )
-    dcp.save(
-        {"params": params, "optim": dash_fn.state_to_dict(state)}, checkpoint_id=os.path.join(out, f"tp_{dp}x{tp}")
-    )
+    path = os.path.join(out, f"tp_{config.fsdp_blocks}_{dp}x{tp}")
+    dcp.save({"params": params, "optim": dash_fn.state_to_dict(state)}, checkpoint_id=path)
 
 
-def resume_task(rank: int, out: str, dp: int, tp: int, from_dp: int, from_tp: int) -> None:
+def resume_task(rank: int, out: str, dp: int, tp: int, from_dp: int, from_tp: int, config=FUNCTIONAL) -> None:
     import torch.distributed.checkpoint as dcp
 
     if dp * tp > 1:
@@ -288,13 +319,14 @@ def resume_task(rank: int, out: str, dp: int, tp: int, from_dp: int, from_tp: in
         params = {k: v.detach() for k, v in net.named_parameters()}
     else:
         params = full_params()
-    state = dash_fn.init(params, FUNCTIONAL)
+    state = dash_fn.init(params, config)
     sd = {"params": params, "optim": dash_fn.state_to_dict(state)}
-    dcp.load(sd, checkpoint_id=os.path.join(out, f"tp_{from_dp}x{from_tp}"))
+    dcp.load(sd, checkpoint_id=os.path.join(out, f"tp_{config.fsdp_blocks}_{from_dp}x{from_tp}"))
     state = dash_fn.state_from_dict(state, sd["optim"])
-    params, _ = run_functional(FUNCTIONAL, sd["params"], steps=range(STEPS // 2 + 1, STEPS + 1), state=state)
+    params, _ = run_functional(config, sd["params"], steps=range(STEPS // 2 + 1, STEPS + 1), state=state)
     whole = {k: v.full_tensor() if type(v).__name__ == "DTensor" else v for k, v in params.items()}
-    torch.save(whole, os.path.join(out, f"resume_{from_dp}x{from_tp}_to_{dp}x{tp}_rank{rank}.pt"))
+    name = f"resume_{config.fsdp_blocks}_{from_dp}x{from_tp}_to_{dp}x{tp}_rank{rank}.pt"
+    torch.save(whole, os.path.join(out, name))
 
 
 def hsdp_task(rank: int, out: str) -> None:
@@ -313,10 +345,10 @@ def main(rank: int, world: int, init_file: str, out: str, task: str, *args: str)
     dp, tp, *rest = (int(a) for a in args) if args else (2, 2)
     if task == "equal":
         equal_task(rank, out, dp, tp)
-    elif task == "save":
-        save_task(out, dp, tp)
-    elif task == "resume":
-        resume_task(rank, out, dp, tp, *rest)
+    elif task in ("save", "save_aligned"):
+        save_task(out, dp, tp, ALIGNED if task == "save_aligned" else FUNCTIONAL)
+    elif task in ("resume", "resume_aligned"):
+        resume_task(rank, out, dp, tp, *rest, config=ALIGNED if task == "resume_aligned" else FUNCTIONAL)
     elif task == "hsdp":
         hsdp_task(rank, out)
     dist.barrier()

@@ -279,8 +279,10 @@ def row_layout(plan: Plan, rank: int, world_size: int, group_name: str | None = 
 
 
 def make_fsdp_shard(plan: Plan, layout: Layout, mode: str, one_dim: str) -> FsdpShard:
-    """This rank's part of ``plan`` when the parameters lie as ``layout`` says."""
+    """This rank's part of ``plan`` when the parameters lie as ``layout`` says; ``mode`` "exact"
+    or "aligned" (whose plan's blocks are those of the tensor-parallel pieces, moved alike)."""
     rank, world = layout.rank, layout.world_size
+    mode = "exact" if mode == "aligned" else mode
     group_name = layout.group_name if world > 1 else None
     rects = layout.rects
     if mode == "local":  # each piece is a whole problem of its own

@@ -15,6 +15,12 @@ leading dims flatten to one range of rows and its trailing dims to one range of 
 The ranks that step the blocks together, the *work group*, are the mesh's dims on which some
 parameter is sharded; dims on which every parameter is replicated (HSDP's replicas) compute the
 same update side by side, with no communication between them.
+
+The *tensor-parallel dims* are the work dims on which some parameter is replicated (a norm,
+a module left out of the plan) while others are sharded: FSDP2 shards every parameter on its
+dims. A parameter's *tiles* are the pieces those dims alone give it; where they cut its 2-D
+view into equal bands (of rows, of columns, or both), ``fsdp_blocks="aligned"`` blocks each
+tile from its own first row and column (:func:`dash_fn.plan.make_plan`'s ``splits``).
 """
 
 from __future__ import annotations
@@ -36,7 +42,8 @@ class Layout:
 
     ``rects[i][k]``: work rank k's rectangle of parameter i's 2-D view; ``shapes[i]``: the shape
     of this rank's piece of parameter i; ``placed[i]``: its DeviceMesh and placements (to place
-    AdamW moments like it in checkpoints; empty where no processes exist).
+    AdamW moments like it in checkpoints; empty where no processes exist); ``tiles[i]``: the
+    equal bands of rows and of columns that tensor parallelism cuts it into (empty: none).
     """
 
     rank: int
@@ -45,6 +52,7 @@ class Layout:
     rects: tuple[tuple[Rect, ...], ...]
     shapes: tuple[tuple[int, ...], ...]
     placed: tuple[tuple[Any, tuple], ...]
+    tiles: tuple[tuple[int, int], ...] = ()  # per parameter: its tensor-parallel (row, column) tiles
 
 
 def read_layout(names: Sequence[str], dtensors: Sequence[Any], batch_dims: dict[str, int]) -> Layout:
@@ -84,13 +92,53 @@ def read_layout(names: Sequence[str], dtensors: Sequence[Any], batch_dims: dict[
     world = len(work_coords)
     shapes = tuple(tuple(x.to_local().shape) for x in dtensors)
     placed = tuple((x.device_mesh, tuple(x.placements)) for x in dtensors)
-    return Layout(rank, world, _work_group(mesh, work) if world > 1 else None, tuple(rects), shapes, placed)
+    tp = tensor_parallel_dims(placements, work)
+    tiles = tuple(
+        tensor_parallel_tiles(name, tuple(x.shape), batch_dims.get(name, 0), mesh_shape, on_mesh, tp)
+        for name, x, on_mesh in zip(names, dtensors, placements)
+    )
+    group = _work_group(mesh, work) if world > 1 else None
+    return Layout(rank, world, group, tuple(rects), shapes, placed, tiles)
 
 
 def work_dims(placements: Sequence[tuple]) -> list[int]:
     """The mesh dims on which some parameter is sharded (the others only replicate)."""
     ndim = len(placements[0]) if placements else 0
     return [d for d in range(ndim) if any(not p[d].is_replicate() for p in placements)]
+
+
+def tensor_parallel_dims(placements: Sequence[tuple], work: Sequence[int]) -> list[int]:
+    """The work dims on which some parameter is replicated and another sharded: tensor
+    parallelism's (FSDP2 shards every parameter on its dims)."""
+    return [d for d in work if any(p[d].is_replicate() for p in placements)]
+
+
+def tensor_parallel_tiles(name: str, shape, batch_dims: int, mesh_shape, placements, tp: Sequence[int]):
+    """How many equal bands of rows and of columns (of each matrix, under ``batch_dims``) the
+    pieces of the tensor-parallel dims ``tp`` alone cut a parameter into; 1 along an axis
+    that they leave whole or cut unevenly. Pure: no processes needed."""
+    from torch.distributed.tensor import Replicate
+
+    if not tp:
+        return (1, 1)
+    alone = tuple(p if d in tp else Replicate() for d, p in enumerate(placements))
+    rects = [r for r in piece_rects(name, shape, batch_dims, mesh_shape, alone, tp) if r[1] > r[0] and r[3] > r[2]]
+    _, (R, C), count = batched_view(shape, batch_dims)
+    rows = _equal_bands(sorted({r[:2] for r in rects}), R)
+    cols = _equal_bands(sorted({r[2:] for r in rects}), C)
+    per_matrix = R // max(count, 1)
+    if rows > 1 and count > 1:  # bands of whole matrices need no cut; bands inside them do
+        band = R // rows
+        rows = per_matrix // band if per_matrix % band == 0 else 1
+    return (rows, cols)
+
+
+def _equal_bands(ranges: Sequence[tuple[int, int]], length: int) -> int:
+    """The number of ranges when they tile [0, length) in equal lengths, else 1."""
+    n = len(ranges)
+    if n > 1 and length % n == 0 and ranges == [(k * length // n, (k + 1) * length // n) for k in range(n)]:
+        return n
+    return 1
 
 
 def piece_rects(

@@ -25,7 +25,7 @@ $(VENV)/.installed-%: pyproject.toml Makefile
 comma := ,
 venv-main: $(VENV)/.installed-examples
 venv-dev: $(VENV)/.installed-examples+test
-venv: $(VENV)/.installed-examples+test+integrations+docs
+venv: $(VENV)/.installed-examples+test+integrations+torchtitan+docs
 
 main: venv-main
 	$(BIN)/python examples/train_lm.py

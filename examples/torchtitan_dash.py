@@ -154,18 +154,20 @@ class TrainState(Stateful):
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Train (or resume); this rank's parameter pieces and placements by name, and the loss and
     learning rate of each step it took."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--dp-shard", type=int, default=1, help="FSDP2 degree (the mesh's dp_shard dim)")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (the mesh's tp dim)")
     parser.add_argument("--steps", type=int, default=6, help="steps of the LR schedule and of the run")
     parser.add_argument("--stop-at", type=int, help="stop after this step (a checkpoint is written there)")
     parser.add_argument("--optimizer", choices=("dash", "adamw"), default="dash", help="DASH, or the job's AdamW")
-    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--lr", type=float, default=3e-3, help="the peak learning rate of the schedule")
     parser.add_argument("--block-size", type=int, default=256, help="DASH's block size")
     parser.add_argument("--batch", type=int, default=2, help="sequences a data-parallel rank reads each step")
-    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--seq-len", type=int, default=64, help="bytes a sequence predicts")
     parser.add_argument("--checkpoint-dir", help="save every --checkpoint-every steps and resume from the latest")
-    parser.add_argument("--checkpoint-every", type=int, default=3)
+    parser.add_argument("--checkpoint-every", type=int, default=3, help="steps between checkpoints")
     args = parser.parse_args(argv)
 
     cuda = torch.cuda.is_available()
@@ -266,7 +268,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         optimizers.step()
         schedulers.step()
         optimizers.zero_grad()
-        checkpoints.save(train_state.step, last_step=train_state.step == args.steps)
+        checkpoints.save(train_state.step, last_step=train_state.step == last)
         losses[train_state.step] = loss.item() * batch_ranks  # the mean over this rank's batch
         if dist.get_rank() == 0:
             print(f"step {train_state.step}: loss {losses[train_state.step]:.4f}, lr {lrs[train_state.step]:.2e}")

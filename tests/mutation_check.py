@@ -297,8 +297,8 @@ MUTATIONS = [
     Mutation(
         "plan: experts not blocked apart",
         "dash_fn/plan.py",
-        "rows = R // count  # of each matrix",
-        "rows = R  # of each matrix",
+        "rows = R // count // row_tiles  # of each tile",
+        "rows = R // row_tiles  # of each tile",
         ("tests/test_batch_dims.py",),
     ),
     Mutation(

@@ -169,8 +169,9 @@ class DashConfig:
         - ``fsdp_blocks`` = "exact": on DTensors (FSDP2, tensor parallel), "exact" cuts blocks as
           one process does (bitwise equal to it, one all-to-all each way); "aligned" cuts them as
           one process would cut each tensor-parallel piece (nothing crosses a tensor-parallel
-          edge; bitwise equal at any data-parallel size with the same tensor-parallel degree,
-          and to one process where those pieces are multiples of ``block_size``); "local" cuts
+          edge that cuts a parameter evenly; bitwise equal at any data-parallel size with the
+          same tensor-parallel degree, and to one process where every piece is a multiple of
+          ``block_size``); "local" cuts
           them at every piece's edges (no communication, results depend on the layout) (8.4).
 
     Robustness:

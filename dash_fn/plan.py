@@ -4,10 +4,11 @@ docs/ALGORITHM.md sections 2-3. A matrix parameter is viewed as (R, C); its rows
 parts of ``block_size`` plus a remainder, likewise its columns, so the view is a grid of at
 most 2 x 2 *regions*, each a grid of equal blocks (full blocks, right strip, bottom strip,
 corner); a parameter split into tiles (its tensor-parallel pieces, ``fsdp_blocks="aligned"``)
-has such a grid in each tile. Blocks of equal shape across all parameters form one *block group*, stacked as one
-(N, r, c) tensor; a parameter's blocks of one shape are consecutive in their group, row-major.
-Each group's left factors (and then its right factors) occupy one contiguous slice of the
-*factor stack* of their size, so one batched solver call per factor size refreshes every root.
+has such a grid in each tile. Blocks of equal shape across all parameters form one *block
+group*, stacked as one (N, r, c) tensor; a parameter's blocks of one shape are consecutive in
+their group, row-major (tile by tile in a tiled parameter). Each group's left factors (and then
+its right factors) occupy one contiguous slice of the *factor stack* of their size, so one
+batched solver call per factor size refreshes every root.
 
 A vector under one-sided Shampoo is an (n, 1) matrix cut only along its rows. A *thin* block,
 whose long side is at least ``thin_ratio`` times its short side (an embedding's, a thin
@@ -205,6 +206,9 @@ def make_plan(
                 raise ValueError(
                     f"splits[{name!r}] = {(row_tiles, col_tiles)} does not tile its matrices of {(R // count, C)}"
                 )
+            # tiles of whole blocks are cut where the untiled plan cuts: cut and number them as it does
+            row_tiles = 1 if (R // count // row_tiles) % block_size == 0 else row_tiles
+            col_tiles = 1 if (C // col_tiles) % block_size == 0 else col_tiles
             rows = R // count // row_tiles  # of each tile
             cols = C // col_tiles
             col_parts = (

@@ -16,7 +16,7 @@ each is the same math eager or compiled, on every device:
   advance, so the next step refreshes the same slice).
 
 Phases are a property of the blocks, not of the ranks: blocks are numbered group after group
-(a group: all blocks of one shape, in parameter order, row-major within a parameter; groups in
+(a group: all blocks of one shape, in parameter order, row-major within a parameter or tile; groups in
 order of first appearance) and a block's phase is its number mod f. Consecutive blocks take
 consecutive phases, so every stack, and every rank's contiguous share of it, meets every phase
 about equally often; the same numbering on every world size keeps a distributed run bitwise

@@ -126,6 +126,13 @@ def make_state(
     tiles = None
     if pieces is not None and config.fsdp_blocks == "aligned" and pieces.tiles:
         tiles = {name: t for (name, _, _), t in zip(specs, pieces.tiles)}
+        if all(t == (1, 1) for t in tiles.values()):
+            warnings.warn(
+                'fsdp_blocks="aligned" found no parameter that tensor parallelism cuts into equal bands (tensor-'
+                'parallel dims: mesh dims named "tp", or where some parameter is replicated and others are not), '
+                'so its blocks are the exact ones; name the mesh dim "tp" if it is one',
+                stacklevel=3,
+            )
     plan = make_plan(specs, config.block_size, config.one_dim, batch_dims, config.thin_ratio, tiles)
     shard: Shard | FsdpShard
     if sharding == "fsdp":

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--inv-root-freq", type=int, default=10, help="steps between inverse-root refreshes")
     parser.add_argument(
         "--fsdp-blocks",
-        choices=["exact", "local"],
+        choices=["exact", "aligned", "local"],
         default="exact",
         help="blocks as in one process, or cut at shard edges (resumes at the same world size only)",
     )

@@ -47,10 +47,6 @@ import torchtitan.tools.utils as titan_utils
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
-
-if not torch.cuda.is_available():  # torchtitan 0.3.0 picks "cuda" when it finds no accelerator
-    titan_utils.device_type = titan_parallel_dims.device_type = "cpu"
-
 from torchtitan.components.optimizer import OptimizersContainer, default_adamw  # noqa: E402
 from torchtitan.components.optimizer.optimizer import ParamGroupConfig  # noqa: E402
 from torchtitan.components.optimizer.utils import init_optim_state, load_flat_optim_state_dict  # noqa: E402
@@ -104,27 +100,39 @@ class DashOptimizers(OptimizersContainer):
 
 def dash_state_dict(optimizer: dash_fn.DASH, flat: dict[str, Any]) -> dict[str, Any]:
     """``DASH.load_state_dict``'s input from torchtitan's flat, name-keyed dict."""
+    entries = state_by_name(flat, [name for group in optimizer.param_groups for name in group["param_names"]])
     state: dict[int, dict] = {}
     groups = []
     index = 0
     for group in optimizer.param_groups:
         names = group["param_names"]
         ids = list(range(index, index + len(names)))
-        for i, name in zip(ids, names):
-            state[i] = nested(flat, f"state.{name}.")
-        saved = {key: flat[f"param_groups.{names[0]}.{key}"] for key in group if key not in ("params", "param_names")}
+        state.update({i: entries[name] for i, name in zip(ids, names)})
+        keys = [key for key in group if key not in ("params", "param_names")]
+        missing = [key for key in keys if f"param_groups.{names[0]}.{key}" not in flat]
+        if missing:
+            raise ValueError(
+                f"torchtitan's checkpoint lacks param_groups.{names[0]}.{missing[0]} (saved by another optimizer?)"
+            )
+        saved = {key: flat[f"param_groups.{names[0]}.{key}"] for key in keys}
         groups.append({**saved, "params": ids, "param_names": names})
         index += len(names)
     return {"state": state, "param_groups": groups}
 
 
-def nested(flat: dict[str, Any], prefix: str) -> dict[str, Any]:
-    """The keys under ``prefix`` as nested dicts: ``{prefix + "a.b": x}`` -> ``{"a": {"b": x}}``."""
-    out: dict[str, Any] = {}
+def state_by_name(flat: dict[str, Any], names: list[str]) -> dict[str, dict]:
+    """Each parameter's keys ``state.<name>.<a>.<b>`` as nested dicts ``{a: {b: value}}``, in one
+    pass over ``flat`` (names hold dots, so a key's name is its longest prefix that is one)."""
+    out: dict[str, dict] = {name: {} for name in names}
     for key, value in flat.items():
-        if key.startswith(prefix):
-            *path, last = key[len(prefix) :].split(".")
-            node = out
+        if not key.startswith("state."):
+            continue
+        rest = key[len("state.") :]
+        dots = [i for i, c in enumerate(rest) if c == "."]
+        name = next((rest[:i] for i in reversed(dots) if rest[:i] in out), None)
+        if name is not None:
+            *path, last = rest[len(name) + 1 :].split(".")
+            node = out[name]
             for part in path:
                 node = node.setdefault(part, {})
             node[last] = value
@@ -171,6 +179,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
 
     cuda = torch.cuda.is_available()
+    if not cuda:  # torchtitan 0.3.0 picks "cuda" when it finds no accelerator
+        titan_utils.device_type = titan_parallel_dims.device_type = "cpu"
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)

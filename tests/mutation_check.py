@@ -353,7 +353,7 @@ MUTATIONS = [
     Mutation(
         "layout: every sharded mesh dim taken for tensor parallel (FSDP2's edges cut blocks too)",
         "dash_fn/distributed/layout.py",
-        "return [d for d in work if any(p[d].is_replicate() for p in placements)]",
+        'return [d for d in work if (names and names[d] == "tp") or any(p[d].is_replicate() for p in placements)]',
         "return list(work)",
         ("tests/test_tensor_parallel.py", "-k", "aligned_blocks_are and 2x2"),
     ),

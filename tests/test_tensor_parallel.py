@@ -73,6 +73,47 @@ def test_tensor_parallel_tiles_are_the_equal_bands_of_its_pieces():
     assert tensor_parallel_tiles("conv", (8, 6, 3), 0, (1, 2), (Replicate(), Shard(0)), tp) == (2, 1)
 
 
+def test_tiles_of_whole_blocks_are_the_untiled_plan():
+    """Tiles whose sides are multiples of the block size give the one-process plan itself (same
+    blocks, same numbering, so the same staggered refresh); other tiles start blocks at their
+    own edges: 20 columns a tile at block 8 cut at 0, 8, 16 | 20, 28, 36."""
+    shapes = [("w", (16, 40), torch.float32)]
+    untiled = dash_fn.plan.make_plan(shapes, 8, "adamw")
+    assert dash_fn.plan.make_plan(shapes, 8, "adamw", splits={"w": (2, 1)}) == untiled
+    tiled = dash_fn.plan.make_plan(shapes, 8, "adamw", splits={"w": (1, 2)})
+    starts = sorted({r.col_start + j * r.block_cols for r in tiled.params[0].regions for j in range(r.n_cols)})
+    assert starts == [0, 8, 16, 20, 28, 36]
+    x = torch.randn(16, 40)
+    assert torch.equal(dash_fn.plan.scatter_param(tiled.params[0], dash_fn.plan.gather(tiled, [x], x.dtype)), x)
+
+
+def test_tensor_parallel_dims_are_named_tp_or_hold_a_replicated_parameter():
+    """FSDP2 shards every parameter on its dims: a dim where one is replicated is tensor
+    parallel's; so is one named "tp", where a param group holds only sharded weights."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    from dash_fn.distributed.layout import tensor_parallel_dims
+
+    weights = [(Shard(0), Shard(0)), (Shard(0), Shard(1))]
+    assert tensor_parallel_dims([*weights, (Shard(0), Replicate())], [0, 1]) == [1]
+    assert tensor_parallel_dims(weights, [0, 1]) == []
+    assert tensor_parallel_dims(weights, [0, 1], ("dp", "tp")) == [1]
+
+
+def test_aligned_blocks_warn_when_no_tensor_parallel_edge_cuts_a_parameter():
+    """A layout without tensor-parallel tiles (FSDP2 alone, or a mesh dim DASH cannot tell
+    from FSDP2's) gives exact blocks under "aligned": a warning says so."""
+    from dash_fn.distributed.layout import Layout
+    from dash_fn.state import make_state
+
+    specs = [("w", (16, 8), torch.float32)]
+    layout = Layout(0, 1, None, (((0, 16, 0, 8),),), ((16, 8),), (), ((1, 1),))
+    with pytest.warns(UserWarning, match='aligned" found no parameter'):
+        make_state(
+            specs, dash_fn.DashConfig(fsdp_blocks="aligned"), torch.device("cpu"), sharding="fsdp", pieces=layout
+        )
+
+
 def test_a_piece_that_is_no_rectangle_is_refused():
     """Shard(1) of 3 stacked experts (batch_dims=1) splits each expert's rows: no one range of
     the (3 x 10, 6) view's rows; a TypeError names the parameter."""

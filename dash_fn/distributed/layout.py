@@ -16,11 +16,13 @@ The ranks that step the blocks together, the *work group*, are the mesh's dims o
 parameter is sharded; dims on which every parameter is replicated (HSDP's replicas) compute the
 same update side by side, with no communication between them.
 
-The *tensor-parallel dims* are the work dims on which some parameter is replicated (a norm,
-a module left out of the plan) while others are sharded: FSDP2 shards every parameter on its
-dims. A parameter's *tiles* are the pieces those dims alone give it; where they cut its 2-D
-view into equal bands (of rows, of columns, or both), ``fsdp_blocks="aligned"`` blocks each
-tile from its own first row and column (:func:`dash_fn.plan.make_plan`'s ``splits``).
+The *tensor-parallel dims* are the work dims named "tp" (torchtitan's name) or on which some
+parameter is replicated (a norm, a module left out of the plan) while others are sharded:
+FSDP2 shards every parameter on its dims. A parameter's *tiles* are the pieces those dims
+alone give it; where they cut its 2-D view into equal bands (of rows, of columns, or both),
+``fsdp_blocks="aligned"`` blocks each tile from its own first row and column
+(:func:`dash_fn.plan.make_plan`'s ``splits``); an uneven cut (torch.chunk's, of a length the
+degree does not divide) keeps the exact blocks.
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ def read_layout(names: Sequence[str], dtensors: Sequence[Any], batch_dims: dict[
     world = len(work_coords)
     shapes = tuple(tuple(x.to_local().shape) for x in dtensors)
     placed = tuple((x.device_mesh, tuple(x.placements)) for x in dtensors)
-    tp = tensor_parallel_dims(placements, work)
+    tp = tensor_parallel_dims(placements, work, mesh.mesh_dim_names)
     tiles = tuple(
         tensor_parallel_tiles(name, tuple(x.shape), batch_dims.get(name, 0), mesh_shape, on_mesh, tp)
         for name, x, on_mesh in zip(names, dtensors, placements)
@@ -107,10 +109,10 @@ def work_dims(placements: Sequence[tuple]) -> list[int]:
     return [d for d in range(ndim) if any(not p[d].is_replicate() for p in placements)]
 
 
-def tensor_parallel_dims(placements: Sequence[tuple], work: Sequence[int]) -> list[int]:
-    """The work dims on which some parameter is replicated and another sharded: tensor
-    parallelism's (FSDP2 shards every parameter on its dims)."""
-    return [d for d in work if any(p[d].is_replicate() for p in placements)]
+def tensor_parallel_dims(placements: Sequence[tuple], work: Sequence[int], names: Sequence[str] | None = None):
+    """The work dims named "tp", or on which some parameter is replicated and another sharded:
+    tensor parallelism's (FSDP2 shards every parameter on its dims)."""
+    return [d for d in work if (names and names[d] == "tp") or any(p[d].is_replicate() for p in placements)]
 
 
 def tensor_parallel_tiles(name: str, shape, batch_dims: int, mesh_shape, placements, tp: Sequence[int]):

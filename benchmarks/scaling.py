@@ -103,6 +103,12 @@ OPTIMIZERS = {
     # the options that helped alone at size s, together: DashConfig.tuned(), the defaults with
     # roots every 3 steps
     "dash-combo": ("dash-defaults", ["--dash", "inv_root_freq=3"]),
+    # issue 54's candidates for a lead lost at short budgets, each one change to today's defaults:
+    # roots refreshed every step, a factor EMA of a shorter horizon, no relative floor, smaller blocks
+    "dash-d-freq1": ("dash-defaults", ["--dash", "inv_root_freq=1"]),
+    "dash-d-betaLR8": ("dash-defaults", ["--dash", "beta_LR=0.8"]),
+    "dash-d-nofloor": ("dash-defaults", ["--dash", "eps_rel=0"]),
+    "dash-d-block128": ("dash-defaults", ["--dash", "block_size=128"]),
     # Muon with its Newton-Schulz iterations in float32, on CPUs whose bfloat16 products are slow
     # (benchmarks/muon_precision.py): the same math at higher precision
     "muon-fp32": ("muon", ["--muon-float32"]),

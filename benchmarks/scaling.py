@@ -105,10 +105,10 @@ OPTIMIZERS = {
     "dash-combo": ("dash-defaults", ["--dash", "inv_root_freq=3"]),
     # issue 54's candidates for a lead lost at short budgets, each one change to today's defaults:
     # roots refreshed every step, a factor EMA of a shorter horizon, no relative floor, smaller blocks
-    "dash-d-freq1": ("dash-defaults", ["--dash", "inv_root_freq=1"]),
-    "dash-d-betaLR8": ("dash-defaults", ["--dash", "beta_LR=0.8"]),
-    "dash-d-nofloor": ("dash-defaults", ["--dash", "eps_rel=0"]),
-    "dash-d-block128": ("dash-defaults", ["--dash", "block_size=128"]),
+    "dash-defaults-freq1": ("dash-defaults", ["--dash", "inv_root_freq=1"]),
+    "dash-defaults-betaLR8": ("dash-defaults", ["--dash", "beta_LR=0.8"]),
+    "dash-defaults-nofloor": ("dash-defaults", ["--dash", "eps_rel=0"]),
+    "dash-defaults-block128": ("dash-defaults", ["--dash", "block_size=128"]),
     # Muon with its Newton-Schulz iterations in float32, on CPUs whose bfloat16 products are slow
     # (benchmarks/muon_precision.py): the same math at higher precision
     "muon-fp32": ("muon", ["--muon-float32"]),

@@ -171,8 +171,8 @@ class DashConfig:
           one process would cut each tensor-parallel piece (nothing crosses a tensor-parallel
           edge that cuts a parameter evenly; bitwise equal at any data-parallel size with the
           same tensor-parallel degree, and to one process where every piece is a multiple of
-          ``block_size``); "local" cuts
-          them at every piece's edges (no communication, results depend on the layout) (8.4).
+          ``block_size``); "local" cuts them at every piece's edges (no communication, results
+          depend on the layout) (8.4).
 
     Robustness:
         - ``skip_nonfinite`` = True: a step whose gradients hold a NaN or Inf, or whose factor

@@ -1,6 +1,7 @@
 """The benchmark scripts run (tiny sizes, CPU): they must never rot."""
 
 import os
+import re
 import sys
 
 import pytest
@@ -235,12 +236,16 @@ def test_fsdp_bench_planner(capsys):
         assert rows["dash_fn local"][2] == "0"
         assert int(rows["whole-parameter owner"][2].replace(",", "")) == every  # shards split every dim 0 evenly
     rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in out.splitlines()]
-    tp = {tuple(cells[:2]): cells for cells in rows if len(cells) == 7 and " x " in cells[1]}
+    tp = {tuple(cells[:2]): cells for cells in rows if len(cells) == 8 and re.fullmatch(r"\d+ x \d+", cells[1])}
     # block 256: Llama 953M's tensor-parallel edges inside blocks are only the embeddings' (16,000
     # rows a rank) at tp 2, and the feed-forward's (704 a rank) as well at tp 8
     assert [tp["256", f"{dp} x {n}"][2] for dp, n in ((8, 1), (4, 2), (1, 8))] == ["0", "2", "302"]
     for cells in (tp["256", "8 x 1"], tp["1024", "1 x 8"]):
         assert 0 < float(cells[5]) < 1  # less than an all-to-all of every gradient
+    moved = {key: (int(cells[3].replace(",", "")), int(cells[7].replace(",", ""))) for key, cells in tp.items()}
+    assert moved["256", "1 x 8"][1] == 0 < moved["256", "1 x 8"][0]  # aligned: no FSDP2 edge, nothing moves
+    assert moved["256", "8 x 1"][1] == moved["256", "8 x 1"][0]  # no tensor parallel: aligned is exact
+    assert 0 < moved["256", "2 x 4"][1] < moved["256", "2 x 4"][0]  # FSDP2's edges only
 
 
 def test_fsdp_bench_tiny_run():

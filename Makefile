@@ -2,7 +2,7 @@
 # and a representative selection of the tests, in minutes) and `make test` (every check CI
 # runs). Each creates .venv on first use (or reuses it) with the tested torch: `make main`
 # installs the project with what the main job needs (the examples extra), `make check` adds the
-# test extra, `make test` the integrations and docs extras too, and `make docs` only the docs
+# test extra, `make test` the integrations, torchtitan and docs extras too, and `make docs` only the docs
 # extra. TORCH_PIP_ARGS passes extra pip arguments for torch alone, e.g. an --index-url of CPU
 # wheels where pip's default index serves CUDA builds (README, "Set-up").
 PYTHON ?= python3

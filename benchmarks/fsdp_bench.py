@@ -235,15 +235,14 @@ def tp_planner_table(block_sizes: list[int], layouts: list[tuple[int, int]]) -> 
         model_bytes = sum(p.view[0] * p.view[1] for p in plan.params) * BYTES
         for dp, tp in layouts:
             world = dp * tp
+            placements = [torchtitan_placements(p.name, dp, tp) for p in plan.params]
             rects = tuple(
-                piece_rects(p.name, p.shape, 0, (dp, tp), torchtitan_placements(p.name, dp, tp), [0, 1])
-                for p in plan.params
+                piece_rects(p.name, p.shape, 0, (dp, tp), on, [0, 1]) for p, on in zip(plan.params, placements)
             )
             inside = sum(1 for p in plan.params for edge in tp_edges(p, tp) if edge % block_size)
             owned, loads = plan_tiles(plan, rects, world)
             sent = sent_per_rank(plan, rects, owned)
             every = 2 * (world - 1) / world * model_bytes
-            placements = [torchtitan_placements(p.name, dp, tp) for p in plan.params]
             tp_dims = [1] if tp > 1 else []  # (the norms, replicated on tp, are not in the list)
             tiles = {
                 p.name: tensor_parallel_tiles(p.name, p.shape, 0, (dp, tp), on, tp_dims)

@@ -109,6 +109,15 @@ OPTIMIZERS = {
     "dash-defaults-betaLR8": ("dash-defaults", ["--dash", "beta_LR=0.8"]),
     "dash-defaults-nofloor": ("dash-defaults", ["--dash", "eps_rel=0"]),
     "dash-defaults-block128": ("dash-defaults", ["--dash", "block_size=128"]),
+    # the defaults under the periodic schedule: every root at the first step and every 10th, so
+    # no block waits up to 9 steps for its first root (the staggered schedule's phases)
+    "dash-defaults-periodic": ("dash-defaults", ["--refresh-schedule", "periodic"]),
+    # roots every step while the factors form (the first 50 or 100 steps), then today's defaults
+    # on the same state: how much of roots-every-step's gain is early?
+    **{
+        f"dash-defaults-early{n}": ("dash-defaults", ["--dash-early", "inv_root_freq=1", "--dash-early-steps", f"{n}"])
+        for n in (50, 100)
+    },
     # Muon with its Newton-Schulz iterations in float32, on CPUs whose bfloat16 products are slow
     # (benchmarks/muon_precision.py): the same math at higher precision
     "muon-fp32": ("muon", ["--muon-float32"]),

@@ -107,6 +107,8 @@ OPTIMIZERS = {
     # roots refreshed every step, a factor EMA of a shorter horizon, no relative floor, smaller blocks
     "dash-defaults-freq1": ("dash-defaults", ["--dash", "inv_root_freq=1"]),
     "dash-defaults-betaLR8": ("dash-defaults", ["--dash", "beta_LR=0.8"]),
+    # and for the lead that shrinks with data: a factor EMA of a longer horizon (100 steps, not 20)
+    "dash-defaults-betaLR99": ("dash-defaults", ["--dash", "beta_LR=0.99"]),
     "dash-defaults-nofloor": ("dash-defaults", ["--dash", "eps_rel=0"]),
     "dash-defaults-block128": ("dash-defaults", ["--dash", "block_size=128"]),
     # the defaults under the periodic schedule: every root at the first step and every 10th, so

@@ -114,12 +114,9 @@ OPTIMIZERS = {
     # the defaults under the periodic schedule: every root at the first step and every 10th, so
     # no block waits up to 9 steps for its first root (the staggered schedule's phases)
     "dash-defaults-periodic": ("dash-defaults", ["--refresh-schedule", "periodic"]),
-    # roots every step while the factors form (the first 50 or 100 steps), then today's defaults
-    # on the same state: how much of roots-every-step's gain is early?
-    **{
-        f"dash-defaults-early{n}": ("dash-defaults", ["--dash-early", "inv_root_freq=1", "--dash-early-steps", f"{n}"])
-        for n in (50, 100)
-    },
+    # every root refreshed on each of the first 100 steps (inv_root_warmup), then the defaults'
+    # staggered slices: how much of roots-every-step's gain is early?
+    "dash-defaults-warmup100": ("dash-defaults", ["--dash", "inv_root_warmup=100"]),
     # Muon with its Newton-Schulz iterations in float32, on CPUs whose bfloat16 products are slow
     # (benchmarks/muon_precision.py): the same math at higher precision
     "muon-fp32": ("muon", ["--muon-float32"]),

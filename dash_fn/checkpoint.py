@@ -339,11 +339,13 @@ def load_state(path, *, params=None, config: DashConfig | None = None, device=No
 def read_config(fields, where: str) -> DashConfig:
     """The DashConfig of saved fields: every field present, none unknown. A file written before
     ``precision`` replaced ``matmul_dtype`` (which rounded the matmul solvers' operands only)
-    loads with that dtype as its precision, which now covers every large product."""
+    loads with that dtype as its precision, which now covers every large product; one written
+    before ``inv_root_warmup`` loads without a warm-up, as it ran."""
     if not isinstance(fields, Mapping):
         raise ValueError(f"{where}: 'config' must be a dict of DashConfig fields, got {type(fields).__name__}")
     if "matmul_dtype" in fields and "precision" not in fields:
         fields = {**{k: v for k, v in fields.items() if k != "matmul_dtype"}, "precision": fields["matmul_dtype"]}
+    fields = {"inv_root_warmup": 0, **fields}
     for name in fields:
         if name not in CONFIG_FIELDS:
             raise ValueError(f"{where}: config has unknown field {name!r} (written by another dash_fn version?)")

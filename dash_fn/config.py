@@ -60,6 +60,11 @@ class DashConfig:
         - ``newton_steps`` = 10, int >= 1: iterations of CN and of each NDB call.
         - ``inv_root_freq`` = 10, int >= 1: roots refreshed at step start_prec_step and every
           inv_root_freq-th step after it (4 d).
+        - ``inv_root_warmup`` = 0, int >= 0: the first inv_root_warmup steps from
+          start_prec_step refresh every root, then the schedule takes over (4 d): the factors
+          change fastest while they form, and no block waits for its phase. Under the
+          staggered schedule a warm-up step is a second program, picked on the host like a
+          periodic refresh step (``refresh=`` of ``dash_fn.step``).
         - ``refresh_schedule`` = "staggered": "staggered" refreshes 1/inv_root_freq of every
           factor stack on every step (each root as stale at most, every step the same
           program: one graph), "periodic" every root at those steps (a refresh step costs
@@ -196,6 +201,7 @@ class DashConfig:
     scaling: str = "pim"
     newton_steps: int = 10
     inv_root_freq: int = 10
+    inv_root_warmup: int = 0
     refresh_schedule: str = "staggered"
     start_prec_step: float = 1  # an int >= 1, or math.inf for "never precondition"
     eps: float = 1e-10
@@ -244,6 +250,7 @@ class DashConfig:
         _check_int(self, "block_size", 1)
         _check_int(self, "newton_steps", 1)
         _check_int(self, "inv_root_freq", 1)
+        _check_int(self, "inv_root_warmup", 0)
         _check_int(self, "cheb_degree", 2)
         _check_int(self, "pi_steps", 1)
         _check_int(self, "pim_vectors", 1)

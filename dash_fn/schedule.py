@@ -1,7 +1,8 @@
 """When the inverse roots are refreshed: all at once every f steps, or a fixed slice every step.
 
-Two schedules (``DashConfig.refresh_schedule``), f = ``inv_root_freq``, s = ``start_prec_step``;
-each is the same math eager or compiled, on every device:
+Two schedules (``DashConfig.refresh_schedule``), f = ``inv_root_freq``, s = ``start_prec_step``,
+W = ``inv_root_warmup``; each is the same math eager or compiled, on every device, and under
+either the W warm-up steps s <= t < s + W refresh every root:
 
 - ``"periodic"``: every root at step s and at every multiple of f after it. A step is one of
   two programs, a plain step or a refresh step (several times its cost), picked on the host
@@ -13,7 +14,9 @@ each is the same math eager or compiled, on every device:
   index arithmetic on the step counter (no branch on the host or on the device, one graph).
   Until its first refresh (t < s + phase) a block's direction is its Adam direction, selected
   per block. A step skipped by the non-finite guard refreshes nothing (its counter does not
-  advance, so the next step refreshes the same slice).
+  advance, so the next step refreshes the same slice). A warm-up step (W > 0) is the periodic
+  refresh step's program, picked on the host by ``refresh=True`` (``is_refresh_step``): every
+  block then has its root from step s on, and the slices resume at t = s + W on the same phases.
 
 Phases are a property of the blocks, not of the ranks: blocks are numbered group after group
 (a group: all blocks of one shape, in parameter order, row-major within a parameter or tile; groups in
@@ -46,27 +49,37 @@ DUE_BLOCKS_KEY = "due_blocks"
 def is_refresh_step(config: DashConfig, t: int) -> bool | None:
     """The ``refresh=`` flag of step number ``t`` (the first step is 1).
 
-    Periodic: ``t == s or (t > s and t % inv_root_freq == 0)`` with s = start_prec_step.
-    Staggered: None (the staggered step takes no flag). A caller that counts its steps on the
-    host passes every call, skipped or not (the adapter does).
+    Periodic: ``t == s or (t > s and t % inv_root_freq == 0)`` with s = start_prec_step, or a
+    warm-up step (``s <= t < s + inv_root_warmup``). Staggered: None (the staggered step takes
+    no flag), or with a warm-up, whether t is a warm-up step (False: the staggered slice). A
+    caller that counts its steps on the host passes every call, skipped or not (the adapter
+    does).
 
     Args:
         config: the config of the state being stepped.
         t: the number of the step about to be taken, counted from 1 on the host.
 
     Returns:
-        True or False under the periodic schedule; None under the staggered one.
+        True or False under the periodic schedule and under the staggered one with a warm-up;
+        None under the staggered one without.
     """
     if config.refresh_schedule == "staggered":
-        return None
+        return bool(warmup_due(t, config)) if config.inv_root_warmup else None
     return bool(periodic_due(t, config))
 
 
 def periodic_due(t, config: DashConfig):
     """Whether the periodic schedule refreshes at step ``t`` (an int, or a tensor on the device):
-    at s = start_prec_step and at every multiple of inv_root_freq after it."""
+    at s = start_prec_step, at every multiple of inv_root_freq after it, and on warm-up steps."""
     s = config.start_prec_step
-    return (t == s) | ((t > s) & (t % config.inv_root_freq == 0))
+    return (t == s) | ((t > s) & (t % config.inv_root_freq == 0)) | warmup_due(t, config)
+
+
+def warmup_due(t, config: DashConfig):
+    """Whether step ``t`` (an int, or a tensor on the device) is a warm-up step, which refreshes
+    every root: s <= t < s + inv_root_warmup."""
+    s = config.start_prec_step
+    return (t >= s) & (t < s + config.inv_root_warmup)
 
 
 def staggers(config: DashConfig) -> bool:
@@ -170,8 +183,10 @@ def due_blocks(table: torch.Tensor, t: torch.Tensor, config: DashConfig) -> torc
 
 def has_root(tables, start: int, count: int, t: torch.Tensor, config: DashConfig) -> torch.Tensor:
     """(count,) bool: which of the factors at ``[start, start + count)`` have been refreshed by
-    step ``t`` (the first refresh of a block of phase p is at step s + p)."""
-    return tables["phase"][start : start + count] <= t - int(config.start_prec_step)
+    step ``t`` (the first refresh of a block of phase p is at step s + p; with a warm-up, of
+    every block at s)."""
+    phase = tables["phase"][start : start + count]
+    return (phase if config.inv_root_warmup == 0 else torch.zeros_like(phase)) <= t - int(config.start_prec_step)
 
 
 def _group_starts(groups: tuple[BlockGroup, ...]) -> list[int]:

@@ -21,7 +21,16 @@ from .plan import ADAMW, EMPTY, SEGMENTS, Plan
 from .roots import refresh_roots
 from .roots.matmul import products_for
 from .roots.scaling import root, spectral_norm_estimate
-from .schedule import DUE_BLOCKS_KEY, SCHEDULE_KEY, due_blocks, due_slice, has_root, is_refresh_step, periodic_due
+from .schedule import (
+    DUE_BLOCKS_KEY,
+    SCHEDULE_KEY,
+    due_blocks,
+    due_slice,
+    has_root,
+    is_refresh_step,
+    periodic_due,
+    warmup_due,
+)
 from .strategy import for_device
 
 __all__ = ["step", "is_refresh_step"]
@@ -43,7 +52,8 @@ def step(params, grads, state: TensorDict, *, lr, refresh: bool | None = None):
     ``refresh=True``, from the factors it left unchanged (``dash_fn.guard``). Under
     ``refresh_schedule="staggered"`` (the default) every step refreshes its slice of the roots
     (``dash_fn.schedule``) and takes no flag: ``refresh`` must be None (as
-    ``is_refresh_step`` returns).
+    ``is_refresh_step`` returns). With ``inv_root_warmup`` it takes the flag as the periodic
+    schedule does: True on the warm-up steps, which refresh every root, False after (its slice).
 
     Buffer donation: the input params are never modified, but the state's tensors are updated
     in place and the same TensorDict is returned (like JAX's donated buffers), so memory holds
@@ -61,7 +71,8 @@ def step(params, grads, state: TensorDict, *, lr, refresh: bool | None = None):
         grads: their gradients, the same names, shapes, dtypes and device.
         state: the state from ``init`` (or from the previous step); updated in place.
         lr: the learning rate, a float or a 0-d tensor.
-        refresh: the periodic schedule's flag (``is_refresh_step``); None under the staggered one.
+        refresh: the periodic schedule's flag (``is_refresh_step``); None under the staggered
+            one, or its warm-up flag where it has a warm-up.
 
     Returns:
         ``(new_params, state)``: the updated parameters, in the container kind of ``params``,
@@ -85,13 +96,14 @@ def step(params, grads, state: TensorDict, *, lr, refresh: bool | None = None):
     check_step_inputs(shard.local, state, ordered_params, ordered_grads, lr, refresh)
     strategy = for_device(state["step"].device)
     schedule = config.refresh_schedule
-    if schedule == "staggered" and refresh is not None:
+    flagged = schedule == "periodic" or config.inv_root_warmup > 0  # the schedules whose steps take a flag
+    if not flagged and refresh is not None:
         raise ValueError(
             f"step: refresh={refresh!r}, but the staggered schedule refreshes a slice of the roots on every "
             "step and takes no flag; pass refresh=None (dash_fn.is_refresh_step returns None for it), or choose "
             "refresh_schedule='periodic'"
         )
-    if refresh is None and not strategy.host_reads and schedule == "periodic":
+    if refresh is None and not strategy.host_reads and flagged:
         raise ValueError(
             f"step: refresh=None reads the step counter on the host, which the {strategy.name} strategy does not do "
             "(a device sync, or a break in a compiled graph); pass refresh=dash_fn.is_refresh_step(config, t) with the "
@@ -210,19 +222,25 @@ def _factor_emas(ctx: _Step, products) -> None:
 
 
 def _refresh(ctx: _Step, refresh: bool | None) -> None:
-    """New inverse roots (d) on the config's schedule (:mod:`dash_fn.schedule`): staggered, the
-    due slice of every stack; periodic, every stack on the caller's flag, or with
-    ``refresh=None`` (host reads only: ``step`` checked it) where the counter says so."""
+    """New inverse roots (d) on the config's schedule (:mod:`dash_fn.schedule`): every stack on
+    the caller's flag (a periodic refresh step, or a warm-up step), or with ``refresh=None``
+    (host reads only: ``step`` checked it) where the counter says so; otherwise, staggered,
+    the due slice of every stack."""
     config = ctx.config
     if config.start_prec_step == math.inf:
         return
-    if config.refresh_schedule == "staggered":
-        refresh_stack = _refresh_slice
-    elif refresh or (refresh is None and ctx.forms.holds(ctx.guard.flags(periodic_due(ctx.t, config)))):
+    staggered = config.refresh_schedule == "staggered"
+    if refresh is None and (not staggered or config.inv_root_warmup):  # host reads only: step checked it
+        refresh = ctx.forms.holds(ctx.guard.flags((warmup_due if staggered else periodic_due)(ctx.t, config)))
+    if refresh:
         refresh_stack = _refresh_stack
+    elif staggered:
+        refresh_stack = _refresh_slice
     else:
         return
-    before = _bases_before(ctx) if config.preconditioner == "eigenvalue_corrected" and config.beta_G > 0 else []
+    before = []
+    if config.preconditioner == "eigenvalue_corrected" and config.beta_G > 0:
+        before = _bases_before(ctx, every=bool(refresh))
     for k in range(len(ctx.local.factors)):
         refresh_stack(ctx, k)
     for g, blocks, old in before:
@@ -269,14 +287,14 @@ def _refresh_roots(ctx: _Step, F: torch.Tensor, old: torch.Tensor, p: int, stack
     return refresh_roots(F, old, p, ctx.config, start, ctx.forms.strategy, ctx.forms.products, due)
 
 
-def _bases_before(ctx: _Step) -> list:
+def _bases_before(ctx: _Step, every: bool) -> list:
     """``[(g, blocks, bases)]``: for each group, the blocks this step may refresh (the
-    staggered schedule's due blocks; None: all) and their bases before it, one per side (None
-    for a side without a basis)."""
+    staggered schedule's due blocks; None: all, as on a step that refreshes ``every`` root) and
+    their bases before it, one per side (None for a side without a basis)."""
     found = []
     for g, group in enumerate(ctx.local.groups):
         blocks = None
-        if ctx.config.refresh_schedule == "staggered":
+        if ctx.config.refresh_schedule == "staggered" and not every:
             blocks = due_blocks(ctx.state[DUE_BLOCKS_KEY, str(g)], ctx.t, ctx.config)
         # (all of them: copied, as the refresh writes them in place)
         bases = [None if side is None else _bases(ctx, group, side, blocks) for side in (group.left, group.right)]

@@ -67,6 +67,10 @@ SCENARIOS["eigenvalue_corrected"] = (  # docs/ALGORITHM.md 4 k: eigh bases, stag
         block_size=24, preconditioner="eigenvalue_corrected", solver="eigh", inv_root_freq=3, mu=0.5, nesterov_G=True
     ),
 )
+SCENARIOS["warmup"] = (  # docs/ALGORITHM.md 4 d: every root on the warm-up steps, then the staggered slices
+    lambda: mixed_params(),
+    dash_fn.DashConfig(block_size=8, solver="eigh", inv_root_freq=3, start_prec_step=2, inv_root_warmup=2, mu=0.5),
+)
 BATCH_DIMS = {"moe": {"experts": 1}}  # five experts, each its own matrix
 SCENARIOS["skips"] = (lambda: mixed_params(), dash_fn.DashConfig(block_size=8, solver="eigh", inv_root_freq=2, mu=0.5))
 

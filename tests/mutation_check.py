@@ -79,9 +79,37 @@ MUTATIONS = [
     Mutation(
         "schedule: blocks preconditioned before their first refresh",
         "dash_fn/schedule.py",
-        'return tables["phase"][start : start + count] <= t - int(config.start_prec_step)',
-        'return tables["phase"][start : start + count] <= t',
+        "else torch.zeros_like(phase)) <= t - int(config.start_prec_step)",
+        "else torch.zeros_like(phase)) <= t",
         ("tests/test_staggered.py", "-k", "reference"),
+    ),
+    Mutation(
+        "warm-up: one step short",
+        "dash_fn/schedule.py",
+        "return (t >= s) & (t < s + config.inv_root_warmup)",
+        "return (t >= s) & (t < s + config.inv_root_warmup - 1)",
+        ("tests/test_warmup.py",),
+    ),
+    Mutation(
+        "warm-up: blocks still wait for their phase's first refresh",
+        "dash_fn/schedule.py",
+        "(phase if config.inv_root_warmup == 0 else torch.zeros_like(phase))",
+        "phase",
+        ("tests/test_warmup.py", "-k", "reference"),
+    ),
+    Mutation(
+        "warm-up: a staggered warm-up step refreshes its slice only",
+        "dash_fn/step.py",
+        "    if refresh:\n        refresh_stack = _refresh_stack",
+        "    if refresh and not staggered:\n        refresh_stack = _refresh_stack",
+        ("tests/test_warmup.py",),
+    ),
+    Mutation(
+        "warm-up: the eigenvalue-corrected mode rotates the due slice's moments only",
+        "dash_fn/step.py",
+        "before = _bases_before(ctx, every=bool(refresh))",
+        "before = _bases_before(ctx, every=False)",
+        ("tests/test_eigenvalue_corrected.py", "-k", "warmup"),
     ),
     Mutation(
         "schedule: short slices padded with a block of another phase",
@@ -170,8 +198,8 @@ MUTATIONS = [
     Mutation(
         "step: refresh on every multiple of the frequency only",
         "dash_fn/schedule.py",
-        "return (t == s) | ((t > s) & (t % config.inv_root_freq == 0))",
-        "return t % config.inv_root_freq == 0",
+        "return (t == s) | ((t > s) & (t % config.inv_root_freq == 0)) | warmup_due(t, config)",
+        "return (t % config.inv_root_freq == 0) | warmup_due(t, config)",
         ("tests/test_schedule.py",),
     ),
     Mutation(

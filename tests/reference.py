@@ -191,16 +191,19 @@ class ReferenceDash:
         return self.c.refresh_schedule == "staggered"
 
     def refresh(self, t: int, blk) -> bool:
-        s, f = self.c.start_prec_step, self.c.inv_root_freq
+        s, f, w = self.c.start_prec_step, self.c.inv_root_freq, self.c.inv_root_warmup
+        if s <= t < s + w:  # a warm-up step: every root
+            return True
         if self.staggered():
             return t >= s and (t - s) % f == blk["phase"]
         return t == s or (t > s and t % f == 0)
 
     def preconditioned(self, t: int, blk) -> bool:
         """Whether the block's direction is Shampoo's (else Adam's): from start_prec_step on,
-        and under the staggered schedule once the block has had its first refresh."""
+        and under the staggered schedule without a warm-up once the block has had its first
+        refresh."""
         s = self.c.start_prec_step
-        return t >= s + (blk["phase"] if self.staggered() else 0)
+        return t >= s + (blk["phase"] if self.staggered() and not self.c.inv_root_warmup else 0)
 
     def step(self, params: dict, grads: dict, lr: float) -> dict:
         c = self.c

@@ -17,6 +17,8 @@ BAD = [
     ("block_size", True),
     ("newton_steps", 0),
     ("inv_root_freq", 0),
+    ("inv_root_warmup", -1),
+    ("inv_root_warmup", 2.5),
     ("start_prec_step", 0),
     ("start_prec_step", 1.5),
     ("start_prec_step", -math.inf),

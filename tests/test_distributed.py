@@ -164,6 +164,7 @@ SCENARIOS = [
     "skips",
     "compiled",
     "staggered",
+    "warmup",
     "storage",
     "update_rules",
     "eigenvalue_corrected",

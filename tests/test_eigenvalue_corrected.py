@@ -33,6 +33,8 @@ CONFIGS = {
     ),
     # B = 24: thin blocks (4 x 24, 3 x 24: a full factor on the short side only, the long side unrotated)
     "eigh-thin-blocks-B24": dict(solver="eigh", inv_root_freq=2, block_size=24),
+    # every basis at the warm-up's steps (the gradient EMA of every block rotated), then slices
+    "eigh-staggered-warmup": dict(solver="eigh", inv_root_freq=3, inv_root_warmup=3),
     "qr-staggered-vectors-nobc": dict(
         solver="qr", inv_root_freq=2, one_dim="shampoo", bias_correction=False, start_prec_step=8
     ),

@@ -42,7 +42,6 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import dash_fn  # noqa: E402
 from compiled_step import deterministic_flag_restored, lr_at  # noqa: E402  (shared with that example)
-from dash_fn.checkpoint import with_config  # noqa: E402  (the adapter's config switch, for --dash-early)
 from llama import Llama, LlamaConfig, expert_weights, next_byte_loss  # noqa: E402
 
 # Model sizes of the scaling study (issue 27; benchmarks/scaling.py): 0.46M, 3.3M and 12.8M
@@ -208,11 +207,6 @@ class Optimizer:
             if args.refresh_schedule is not None:
                 config = config.replace(refresh_schedule=args.refresh_schedule)
             config = config.replace(**args.dash)
-            # --dash-early: the first --dash-early-steps steps run under these fields, then the
-            # same state continues under the run's config (what a torch.optim user gets by
-            # changing a param group's field)
-            self.later, self.switch_at = config, args.dash_early_steps if args.dash_early else 0
-            config = config.replace(**args.dash_early)
             self.state = dash_fn.init(params, config, batch_dims=expert_weights(params))
             # dynamic=False: a second config's plan (another block size) would otherwise turn its ints symbolic
             self.step = (
@@ -243,14 +237,6 @@ class Optimizer:
         """Whether DASH's step ``t`` refreshes its roots, passed to the step as a static flag
         (two graphs, a plain step and a refresh step). None for the peers."""
         return None if self.name in PEERS else dash_fn.is_refresh_step(self.state["config"], t)
-
-    def switches_at(self, t: int) -> bool:
-        """Whether step ``t`` is the first under the run's config after --dash-early's steps
-        (the state switched here: its step compiles again)."""
-        if self.name in PEERS or t != self.switch_at + 1 or self.switch_at == 0:
-            return False
-        self.state = with_config(self.state, self.later)
-        return True
 
 
 @torch.no_grad()
@@ -305,9 +291,8 @@ def train(
     for t in bar:
         tokens = batch_at(train_data, t, args.batch, args.context, seed).to(args.device)
         lr.fill_(lr_at(t, args.steps, peak_lr, args.warmup))
-        switched = opt.switches_at(t)
         kind = opt.refresh_at(t)
-        compiles = t <= 2 or kind not in kinds or switched
+        compiles = t <= 2 or kind not in kinds
         evaluates = t % args.eval_every == 0 or t == args.steps
         # the hidden matrices before an evaluated step, for its update's size (peers update in place)
         before = {k: v.detach().clone() for k, v in params.items() if is_hidden(k, v)} if evaluates else {}
@@ -545,16 +530,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     add_dash_fields(parser, "for every dash run")
     parser.add_argument(
-        "--dash-early",
-        nargs="+",
-        type=dash_field,
-        default=[],
-        metavar="FIELD=VALUE",
-        help="DashConfig fields over --dash for the first --dash-early-steps steps of every dash run, e.g. "
-        "--dash-early inv_root_freq=1 (fields that keep the state's layout)",
-    )
-    parser.add_argument("--dash-early-steps", type=int, default=0, help="how many steps --dash-early's fields hold")
-    parser.add_argument(
         "--save-params",
         metavar="PATH",
         help="torch.save the final parameters of every run, {'OPTIMIZER@LR seed S': {name: tensor}}",
@@ -563,7 +538,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if size:  # the preset replaces the defaults, so an option given beside it still wins
         parser.set_defaults(**SIZES[size])
     args = parser.parse_args(argv)
-    args.dash, args.dash_early = dict(args.dash), dict(args.dash_early)
+    args.dash = dict(args.dash)
     return args
 
 

@@ -125,25 +125,6 @@ def test_train_lm_dash_hidden_only_gives_adamw_the_rest(tmp_path):
     assert all(len(r["update_rms"]) == 1 and r["update_rms"][0] > 0 for r in log["runs"])
 
 
-def test_train_lm_dash_early_holds_its_fields_for_its_steps_then_the_runs_config(tmp_path):
-    """--dash-early inv_root_freq=1 over all 6 steps is --dash inv_root_freq=1 bit for bit; over
-    the first 3 it gives the same losses up to step 4 (set by updates 1-3), then another path
-    (the defaults' staggered tenth from step 4); without it the losses differ from step 2."""
-
-    def losses(*options: str) -> list[float]:
-        out = tmp_path / str(len(list(tmp_path.iterdir())))
-        one = [*TINY, "--steps", "6", "--eval-every", "6", "--backend", "none", "--out", str(out)]
-        train_lm.main(["--runs", "dash-defaults@3e-3", *one, *options])
-        return json.loads((out / "log.json").read_text())["runs"][0]["train_loss"]
-
-    every_step = losses("--dash", "inv_root_freq=1")
-    assert losses("--dash-early", "inv_root_freq=1", "--dash-early-steps", "6") == every_step
-    early = losses("--dash-early", "inv_root_freq=1", "--dash-early-steps", "3")
-    assert early[:4] == every_step[:4] and early[4:] != every_step[4:]
-    defaults = losses()
-    assert defaults[:1] == every_step[:1] and defaults[1] != every_step[1]
-
-
 def test_muon_float32_is_torchs_iteration_in_float32(monkeypatch, tmp_path):
     """--muon-float32 swaps in train_lm.newton_schulz_float32, which agrees with torch.optim.Muon's
     bfloat16 iteration to bfloat16's precision, for tall and wide matrices."""

@@ -308,34 +308,43 @@ def report(plots: str) -> None:
         print(f"wrote {plot_data_axis([*sizes, *data], Path(plots))}")
 
 
+# the candidate of issue 54's item 4 drawn beside the defaults: every root on each of the first
+# 100 steps (inv_root_warmup=100)
+WARMUP = "dash-defaults-warmup100"
+
+
 def plot_data_axis(names: list[str], folder: Path) -> Path:
     """scaling_data.png: dash-defaults' final loss minus tuned Muon's (paired, mean and standard
     error) against tokens per parameter, one line per size and tokens a step: the size presets'
-    studies and the data axis's budgets on the same axes."""
+    studies and the data axis's budgets on the same axes; dashed, the warm-up candidate where
+    it ran."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    lines: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
+    lines: dict[tuple[str, str, int], list[tuple[float, float, float]]] = {}
     for name in names:
-        point = data_point(name)
-        if point is None or not point["gaps"]:
-            continue
-        gaps = point["gaps"]
-        key = (name.split("-")[0], point["tokens_per_step"])
-        lines.setdefault(key, []).append((point["tokens_per_param"], statistics.mean(gaps), standard_error(gaps)))
-    fig, ax = plt.subplots(figsize=(6, 4.2))
-    for (size, tokens), points in sorted(lines.items()):
+        for label in ("dash-defaults", WARMUP):
+            point = data_point(name, label)
+            if point is None or not point["gaps"]:
+                continue
+            gaps = point["gaps"]
+            key = (label, name.split("-")[0], point["tokens_per_step"])
+            lines.setdefault(key, []).append((point["tokens_per_param"], statistics.mean(gaps), standard_error(gaps)))
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for (label, size, tokens), points in sorted(lines.items()):
         xs, ys, errors = zip(*sorted(points))
-        ax.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, label=f"size {size}, {tokens:,} tokens a step")
+        style = dict(ls="--", marker="s") if label == WARMUP else dict(marker="o")
+        name = "inv_root_warmup=100" if label == WARMUP else "defaults"
+        ax.errorbar(xs, ys, yerr=errors, capsize=3, label=f"{name}: size {size}, {tokens:,} tokens a step", **style)
     ax.axhline(0.0, color="black", lw=0.8)
     ax.axhline(-0.01, color="grey", ls="--", lw=1, label="target: 0.01 below Muon")
     ax.set(
         xscale="log",
         xlabel="tokens per parameter",
         ylabel="final loss minus Muon's",
-        title="DASH's defaults against tuned Muon",
+        title="DASH against tuned Muon",
     )
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")

@@ -12,7 +12,7 @@ The state of a group lives in ``optimizer.state[first parameter of the group]`` 
 or not (the state's ``step + skipped``), and picks each step's refresh flag
 (:func:`dash_fn.is_refresh_step`), so eager and compiled steps on every device follow one
 schedule with no device read (the staggered schedule, the default, takes no flag: one compiled
-graph). A step skipped for
+graph; with ``inv_root_warmup`` it takes one). A step skipped for
 non-finite gradients does not advance the state's own counter (its bias corrections), and on a
 periodic refresh step it still refreshes the roots, from the factors it left unchanged
 (:mod:`dash_fn.guard`).
@@ -72,8 +72,8 @@ class DASH(torch.optim.Optimizer):
     ``compile=True`` (or a dict of ``torch.compile`` keyword arguments) runs
     ``torch.compile(dash_fn.step, fullgraph=True)``, built once per optimizer, with ``lr``
     passed as a 0-d tensor, so schedulers never recompile. Each group has one graph under the
-    staggered schedule (the default), or two under the periodic one, a plain step and a refresh
-    step picked on the host (``refresh=`` of ``dash_fn.step``), with no data-dependent
+    staggered schedule (the default), or two under the periodic one (or with ``inv_root_warmup``),
+    a plain step and a refresh step picked on the host (``refresh=`` of ``dash_fn.step``), with no data-dependent
     control flow; the parameters and the state's tensors, which the step updates in place, are
     static addresses, so ``compile={"mode": "reduce-overhead"}`` captures each
     step in a CUDA graph (with a matmul solver: eigh syncs, and is refused there). (Dynamo caches

@@ -117,6 +117,10 @@ OPTIMIZERS = {
     # every root refreshed on each of the first 100 steps (inv_root_warmup), then the defaults'
     # staggered slices: how much of roots-every-step's gain is early?
     "dash-defaults-warmup100": ("dash-defaults", ["--dash", "inv_root_warmup=100"]),
+    # the learning-rate schedule's end: cosine decay to 0 instead of train_lm's 10% of the peak,
+    # for DASH and for Muon alike (the gap between them is what a schedule could change)
+    "dash-defaults-lrend0": ("dash-defaults", ["--final-lr", "0"]),
+    "muon-lrend0": ("muon", ["--final-lr", "0"]),
     # Muon with its Newton-Schulz iterations in float32, on CPUs whose bfloat16 products are slow
     # (benchmarks/muon_precision.py): the same math at higher precision
     "muon-fp32": ("muon", ["--muon-float32"]),

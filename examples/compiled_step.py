@@ -57,12 +57,12 @@ def make_train_step(model: Llama, config: dash_fn.DashConfig, **compile_kwargs):
     return run
 
 
-def lr_at(t: int, steps: int, peak: float, warmup: int) -> float:
-    """Linear warm-up to ``peak``, then cosine decay to 10% of it."""
+def lr_at(t: int, steps: int, peak: float, warmup: int, final: float = 0.1) -> float:
+    """Linear warm-up to ``peak``, then cosine decay to ``final`` times it at step ``steps``."""
     if t <= warmup:
         return peak * t / warmup
     progress = (t - warmup) / max(1, steps - warmup)
-    return peak * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+    return peak * (final + (1 - final) / 2 * (1 + math.cos(math.pi * progress)))
 
 
 @contextlib.contextmanager

@@ -290,7 +290,7 @@ def train(
     bar = progress(range(1, args.steps + 1), desc=f"{name}@{peak_lr:g} seed {seed}", leave=True)
     for t in bar:
         tokens = batch_at(train_data, t, args.batch, args.context, seed).to(args.device)
-        lr.fill_(lr_at(t, args.steps, peak_lr, args.warmup))
+        lr.fill_(lr_at(t, args.steps, peak_lr, args.warmup, args.final_lr))
         kind = opt.refresh_at(t)
         compiles = t <= 2 or kind not in kinds
         evaluates = t % args.eval_every == 0 or t == args.steps
@@ -484,8 +484,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--block-size", type=int, default=128, help="DASH block size")
     parser.add_argument("--inv-root-freq", type=int, default=10, help="steps between DASH's inverse-root refreshes")
     parser.add_argument("--weight-decay", type=float, default=0.0, help="decoupled weight decay of every optimizer")
+    parser.add_argument("--warmup", type=int, default=20, help="linear warm-up steps, then cosine decay to --final-lr")
     parser.add_argument(
-        "--warmup", type=int, default=20, help="linear warm-up steps, then cosine decay to 10%% of the peak lr"
+        "--final-lr", type=float, default=0.1, help="the rate at the last step, as a fraction of the peak lr"
     )
     parser.add_argument(
         "--dash-hidden-only",
@@ -538,6 +539,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if size:  # the preset replaces the defaults, so an option given beside it still wins
         parser.set_defaults(**SIZES[size])
     args = parser.parse_args(argv)
+    if not 0.0 <= args.final_lr <= 1.0:
+        parser.error(f"--final-lr is a fraction of the peak lr in [0, 1], got {args.final_lr}")
     args.dash = dict(args.dash)
     return args
 

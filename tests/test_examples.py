@@ -144,6 +144,22 @@ def test_muon_float32_is_torchs_iteration_in_float32(monkeypatch, tmp_path):
     assert muon._zeropower_via_newtonschulz is train_lm.newton_schulz_float32
 
 
+@pytest.mark.parametrize("final", [0.1, 0.0, 0.5])
+def test_lr_schedule_warms_up_then_decays_to_its_final_fraction(final):
+    import compiled_step
+
+    lr = lambda t: compiled_step.lr_at(t, 100, 2e-3, warmup=10, final=final)
+    assert lr(5) == pytest.approx(1e-3) and lr(10) == pytest.approx(2e-3)
+    assert lr(55) == pytest.approx(2e-3 * (1 + final) / 2)  # half way through the cosine
+    assert lr(100) == pytest.approx(2e-3 * final)
+    assert all(lr(t) >= lr(t + 1) for t in range(10, 100))
+
+
+def test_train_lm_refuses_a_final_lr_outside_0_1():
+    with pytest.raises(SystemExit):
+        train_lm.parse_args(["--final-lr", "1.5"])
+
+
 def test_stdlib_corpus_is_deterministic_and_split():
     a_train, a_val = train_lm.stdlib_corpus(300_000)
     b_train, b_val = train_lm.stdlib_corpus(300_000)

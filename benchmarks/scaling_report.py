@@ -215,8 +215,8 @@ def tokens_per_param(model: dict) -> float:
 def data_point(name: str, label: str = "dash-defaults") -> dict | None:
     """``label`` against Muon and AdamW in one study, each at its best rate: tokens per parameter,
     tokens a step, the paired gap to Muon's final loss (seeds on one machine) and the fractions of
-    AdamW's steps and seconds to reach AdamW's final loss (None where not reached); None without
-    runs of ``label``."""
+    AdamW's steps and seconds to reach AdamW's final loss (None where not reached, or where
+    AdamW did not run: ``adamw_ran``); None without runs of ``label``."""
     at_best = tuned(name)
     if label not in at_best:
         return None
@@ -230,9 +230,17 @@ def data_point(name: str, label: str = "dash-defaults") -> dict | None:
         "tokens_per_step": model["batch"] * model["context"],
         "steps": model["steps"],
         "gaps": gaps,
+        "adamw_ran": "adamw" in at_best,
         "steps_fraction": None if fractions is None else fractions[0],
         "wall_fraction": None if fractions is None else fractions[1],
     }
+
+
+def reach_cell(point: dict, key: str) -> str:
+    """A fraction of AdamW's steps or seconds of :func:`data_point` as the table prints it."""
+    if not point["adamw_ran"]:
+        return "no AdamW run"
+    return "not reached" if point[key] is None else f"{point[key]:.2f}"
 
 
 def data_rows(names: list[str]) -> list[str]:
@@ -243,11 +251,10 @@ def data_rows(names: list[str]) -> list[str]:
         point = data_point(name)
         if point is None:
             continue
-        fraction = lambda x: "not reached" if x is None else f"{x:.2f}"
         gap = paired(point["gaps"]) if point["gaps"] else "-"
         rows.append(
             f"| {name} | {point['tokens_per_param']:.2f} | {point['tokens_per_step']:,} | {point['steps']} | {gap} | "
-            f"{fraction(point['steps_fraction'])} | {fraction(point['wall_fraction'])} |"
+            f"{reach_cell(point, 'steps_fraction')} | {reach_cell(point, 'wall_fraction')} |"
         )
     return rows
 

@@ -407,5 +407,8 @@ def test_report_gives_the_data_axis_against_muon_and_adamw(monkeypatch, tmp_path
     assert cells[4] == "-0.0300 ± 0.0100" and cells[5] == "0.40" and cells[6] == "0.80"
     (preset,) = scaling_report.data_rows(["s"])
     assert "| +0.0700 ± 0.0100 |" in preset
+    scaling.record("m-tpp2-b128", [r for r in runs if r["optimizer"] != "adamw"])
+    (without_adamw,) = scaling_report.data_rows(["m-tpp2-b128"])
+    assert without_adamw.endswith("| -0.0300 ± 0.0100 | no AdamW run | no AdamW run |")
     path = scaling_report.plot_data_axis(["s", "s-tpp20-b128"], tmp_path)
     assert path.exists() and path.stat().st_size > 0

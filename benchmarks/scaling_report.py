@@ -54,10 +54,13 @@ def muon_gaps(runs: list[dict], muon: dict[int, dict]) -> tuple[list[float], int
     measured), and how many seeds were left out for that. One machine is one ``machine`` line:
     CPU, torch release, threads and Python alike; a run without the line pairs with nothing."""
     pairs = [(r, muon[r["seed"]]) for r in runs if r["seed"] in muon]
-    same = [
-        r["val_loss"][-1] - m["val_loss"][-1] for r, m in pairs if "machine" in r and r["machine"] == m.get("machine")
-    ]
+    same = [r["val_loss"][-1] - m["val_loss"][-1] for r, m in pairs if on_one_machine(r, m)]
     return same, len(pairs) - len(same)
+
+
+def on_one_machine(run: dict, other: dict) -> bool:
+    """Whether two runs share one ``machine`` line (a run without the line shares none)."""
+    return "machine" in run and run["machine"] == other.get("machine")
 
 
 def versus_muon(runs: list[dict], muon: dict[int, dict]) -> str:
@@ -80,15 +83,22 @@ def step_fractions(at_best: dict[str, list[dict]], label: str) -> list[tuple[dic
     return [(r, first_reach(r, adamw[r["seed"]]["val_loss"][-1])) for r in at_best.get(label, []) if r["seed"] in adamw]
 
 
-def reach_fractions(at_best: dict[str, list[dict]], with_adamw: list) -> tuple[float, float] | None:
+# the seconds cell where AdamW's runs and the row's were made on different machines
+OTHER_MACHINE = "AdamW on another machine"
+
+
+def reach_fractions(at_best: dict[str, list[dict]], with_adamw: list) -> tuple[float, float | None] | None:
     """The mean fractions of AdamW's steps and of its train-step seconds that the runs of
     ``with_adamw`` (:func:`step_fractions`) take to reach AdamW's final loss; None where there
-    are none or one never reaches it."""
+    are none or one never reaches it. Seconds compare only runs made on AdamW's machine (one
+    ``machine`` line): a step's time differs between machines by more than between optimizers,
+    so the seconds fraction is None where no run shares AdamW's machine."""
     adamw = {r["seed"]: r for r in at_best.get("adamw", [])}
     if not with_adamw or any(hit is None for _, hit in with_adamw):
         return None
     steps = statistics.mean(hit[0] / r["model"]["steps"] for r, hit in with_adamw)
-    return steps, statistics.mean(hit[1] / adamw[r["seed"]]["wall"] for r, hit in with_adamw)
+    same = [hit[1] / adamw[r["seed"]]["wall"] for r, hit in with_adamw if on_one_machine(r, adamw[r["seed"]])]
+    return steps, statistics.mean(same) if same else None
 
 
 def tuned(size: str) -> dict[str, list[dict]]:
@@ -134,7 +144,7 @@ def size_rows(size: str) -> list[str]:
         elif fractions is None:
             steps_frac = wall_frac = f"not reached ({missed} of {len(with_adamw)} seeds)"
         else:
-            steps_frac, wall_frac = (f"{x:.2f}" for x in fractions)
+            steps_frac, wall_frac = (OTHER_MACHINE if x is None else f"{x:.2f}" for x in fractions)
         vs_muon = versus_muon(runs, muon)
         step_ms = statistics.mean(1e3 * r["wall"] / r["timed_steps"] for r in runs)
         opt_ms = statistics.mean(1e3 * r["optimizer_s"] / r["timed_steps"] for r in runs)
@@ -240,7 +250,9 @@ def reach_cell(point: dict, key: str) -> str:
     """A fraction of AdamW's steps or seconds of :func:`data_point` as the table prints it."""
     if not point["adamw_ran"]:
         return "no AdamW run"
-    return "not reached" if point[key] is None else f"{point[key]:.2f}"
+    if point["steps_fraction"] is None:
+        return "not reached"
+    return OTHER_MACHINE if point[key] is None else f"{point[key]:.2f}"
 
 
 def data_rows(names: list[str]) -> list[str]:

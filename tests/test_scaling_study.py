@@ -410,5 +410,11 @@ def test_report_gives_the_data_axis_against_muon_and_adamw(monkeypatch, tmp_path
     scaling.record("m-tpp2-b128", [r for r in runs if r["optimizer"] != "adamw"])
     (without_adamw,) = scaling_report.data_rows(["m-tpp2-b128"])
     assert without_adamw.endswith("| -0.0300 ± 0.0100 | no AdamW run | no AdamW run |")
+    # AdamW trained on another machine: its steps still count, its seconds do not compare
+    scaling.record("m-tpp2-b128", [{**r, "machine": "B"} for r in runs if r["optimizer"] == "adamw"])
+    (elsewhere,) = scaling_report.data_rows(["m-tpp2-b128"])
+    assert elsewhere.endswith("| -0.0300 ± 0.0100 | 0.40 | AdamW on another machine |")
+    dash = next(r for r in scaling_report.size_rows("m-tpp2-b128") if "| dash-defaults |" in r).split("|")
+    assert dash[7].strip() == "0.40" and dash[8].strip() == "AdamW on another machine"
     path = scaling_report.plot_data_axis(["s", "s-tpp20-b128"], tmp_path)
     assert path.exists() and path.stat().st_size > 0

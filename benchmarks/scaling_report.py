@@ -87,18 +87,32 @@ def step_fractions(at_best: dict[str, list[dict]], label: str) -> list[tuple[dic
 OTHER_MACHINE = "AdamW on another machine"
 
 
-def reach_fractions(at_best: dict[str, list[dict]], with_adamw: list) -> tuple[float, float | None] | None:
-    """The mean fractions of AdamW's steps and of its train-step seconds that the runs of
-    ``with_adamw`` (:func:`step_fractions`) take to reach AdamW's final loss; None where there
-    are none or one never reaches it. Seconds compare only runs made on AdamW's machine (one
-    ``machine`` line): a step's time differs between machines by more than between optimizers,
-    so the seconds fraction is None where no run shares AdamW's machine."""
+def reach_fractions(at_best: dict[str, list[dict]], with_adamw: list) -> tuple[float, dict[int, float]] | None:
+    """The mean fraction of AdamW's steps that the runs of ``with_adamw`` (:func:`step_fractions`)
+    take to reach AdamW's final loss, and each seed's fraction of AdamW's train-step seconds;
+    None where there are none or one never reaches it. Seconds compare only runs made on
+    AdamW's machine (one ``machine`` line): a step's time differs between machines by more than
+    between optimizers, so a seed whose two runs ran apart has no seconds fraction."""
     adamw = {r["seed"]: r for r in at_best.get("adamw", [])}
     if not with_adamw or any(hit is None for _, hit in with_adamw):
         return None
     steps = statistics.mean(hit[0] / r["model"]["steps"] for r, hit in with_adamw)
-    same = [hit[1] / adamw[r["seed"]]["wall"] for r, hit in with_adamw if on_one_machine(r, adamw[r["seed"]])]
-    return steps, statistics.mean(same) if same else None
+    seconds = {
+        r["seed"]: hit[1] / adamw[r["seed"]]["wall"] for r, hit in with_adamw if on_one_machine(r, adamw[r["seed"]])
+    }
+    return steps, seconds
+
+
+def seconds_cell(per_seed: dict[int, float]) -> str:
+    """A fraction of AdamW's seconds as the tables print it: the mean, with each seed's (a run
+    that shared its cores shows as the outlier: seconds are noisier than steps)."""
+    if not per_seed:
+        return OTHER_MACHINE
+    mean = statistics.mean(per_seed.values())
+    if len(per_seed) == 1:
+        ((seed, _),) = per_seed.items()
+        return f"{mean:.2f} (seed {seed})"
+    return f"{mean:.2f} (seeds " + ", ".join(f"{seed}: {x:.2f}" for seed, x in sorted(per_seed.items())) + ")"
 
 
 def tuned(size: str) -> dict[str, list[dict]]:
@@ -144,7 +158,7 @@ def size_rows(size: str) -> list[str]:
         elif fractions is None:
             steps_frac = wall_frac = f"not reached ({missed} of {len(with_adamw)} seeds)"
         else:
-            steps_frac, wall_frac = (OTHER_MACHINE if x is None else f"{x:.2f}" for x in fractions)
+            steps_frac, wall_frac = f"{fractions[0]:.2f}", seconds_cell(fractions[1])
         vs_muon = versus_muon(runs, muon)
         step_ms = statistics.mean(1e3 * r["wall"] / r["timed_steps"] for r in runs)
         opt_ms = statistics.mean(1e3 * r["optimizer_s"] / r["timed_steps"] for r in runs)
@@ -224,9 +238,9 @@ def tokens_per_param(model: dict) -> float:
 
 def data_point(name: str, label: str = "dash-defaults") -> dict | None:
     """``label`` against Muon and AdamW in one study, each at its best rate: tokens per parameter,
-    tokens a step, the paired gap to Muon's final loss (seeds on one machine) and the fractions of
-    AdamW's steps and seconds to reach AdamW's final loss (None where not reached, or where
-    AdamW did not run: ``adamw_ran``); None without runs of ``label``."""
+    tokens a step, the paired gap to Muon's final loss (seeds on one machine), the mean fraction
+    of AdamW's steps and each seed's fraction of its seconds to reach AdamW's final loss (None
+    where not reached, or where AdamW did not run: ``adamw_ran``); None without runs of ``label``."""
     at_best = tuned(name)
     if label not in at_best:
         return None
@@ -242,7 +256,7 @@ def data_point(name: str, label: str = "dash-defaults") -> dict | None:
         "gaps": gaps,
         "adamw_ran": "adamw" in at_best,
         "steps_fraction": None if fractions is None else fractions[0],
-        "wall_fraction": None if fractions is None else fractions[1],
+        "wall_fraction": {} if fractions is None else fractions[1],
     }
 
 
@@ -252,7 +266,7 @@ def reach_cell(point: dict, key: str) -> str:
         return "no AdamW run"
     if point["steps_fraction"] is None:
         return "not reached"
-    return OTHER_MACHINE if point[key] is None else f"{point[key]:.2f}"
+    return seconds_cell(point[key]) if key == "wall_fraction" else f"{point[key]:.2f}"
 
 
 def data_rows(names: list[str]) -> list[str]:
@@ -366,7 +380,7 @@ def plot_data_axis(names: list[str], folder: Path) -> Path:
         title="DASH against tuned Muon",
     )
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="lower right")  # the upper half holds the 1-token point
     fig.tight_layout()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "scaling_data.png"

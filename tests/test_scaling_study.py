@@ -100,7 +100,7 @@ def test_report_fractions_against_adamw_and_muon(monkeypatch, tmp_path):
     scaling.record("s", runs)
     rows = {row.split("|")[2].strip(): [c.strip() for c in row.split("|")] for row in scaling_report.size_rows("s")}
     dash = rows["dash-defaults"]
-    assert dash[3] == "0.003" and dash[6] == "-0.2500" and dash[7] == "0.40" and dash[8] == "0.80"
+    assert dash[3] == "0.003" and dash[6] == "-0.2500" and dash[7] == "0.40" and dash[8] == "0.80 (seed 0)"
     assert dash[9] == "20" and dash[10] == "8.0 (40%)"
     assert rows["adamw"][3] == "0.001" and rows["adamw"][7] == "1.00"  # AdamW's best rate, not its last
     assert rows["muon"][7] == "0.80"  # 1.95 <= 2.0 first at step 40
@@ -376,8 +376,8 @@ def test_the_seeds_of_a_data_budget_train_at_its_own_best_rate(monkeypatch, tmp_
 
 def test_report_gives_the_data_axis_against_muon_and_adamw(monkeypatch, tmp_path):
     """At a budget, DASH ends 0.02 and 0.04 below Muon on seeds 0 and 1 (paired: -0.03 ± 0.01)
-    and passes AdamW's final 2.0 at step 20 of 50 at twice its step time: 0.4 of its steps and
-    0.8 of its seconds. The size's preset study is a point of the same plot."""
+    and passes AdamW's final 2.0 at step 20 of 50 at twice and three times its step time: 0.4 of
+    its steps, 0.8 and 1.2 of its seconds. The size's preset study is a point of the same plot."""
     monkeypatch.setattr(scaling, "RESULTS", tmp_path)
     runs = []
     for seed, gap in ((0, 0.02), (1, 0.04)):
@@ -388,7 +388,7 @@ def test_report_gives_the_data_axis_against_muon_and_adamw(monkeypatch, tmp_path
                 "optimizer": "dash-defaults",
                 "lr": 3e-3,
                 "seed": seed,
-                **curve(50, [2.5, 2.0, 1.95, 1.9, 1.9 - gap], 20, 8),
+                **curve(50, [2.5, 2.0, 1.95, 1.9, 1.9 - gap], 20 + 10 * seed, 8),
             },
         ]
     scaling.record("s-tpp20-b128", runs)
@@ -404,13 +404,17 @@ def test_report_gives_the_data_axis_against_muon_and_adamw(monkeypatch, tmp_path
     # curve's model: 50 steps of 4 x 256 tokens over params_of(d 32, 1 layer)
     model = runs[0]["model"]
     assert cells[1] == f"{50 * 4 * 256 / scaling.params_of(model):.2f}" and cells[2] == "1,024" and cells[3] == "50"
-    assert cells[4] == "-0.0300 ± 0.0100" and cells[5] == "0.40" and cells[6] == "0.80"
+    assert cells[4] == "-0.0300 ± 0.0100" and cells[5] == "0.40" and cells[6] == "1.00 (seeds 0: 0.80, 1: 1.20)"
     (preset,) = scaling_report.data_rows(["s"])
     assert "| +0.0700 ± 0.0100 |" in preset
     scaling.record("m-tpp2-b128", [r for r in runs if r["optimizer"] != "adamw"])
     (without_adamw,) = scaling_report.data_rows(["m-tpp2-b128"])
     assert without_adamw.endswith("| -0.0300 ± 0.0100 | no AdamW run | no AdamW run |")
-    # AdamW trained on another machine: its steps still count, its seconds do not compare
+    # AdamW's seed 1 trained on another machine: its steps still count, its seconds do not compare
+    adamw = [{**r, "machine": "B"} if r["seed"] else r for r in runs if r["optimizer"] == "adamw"]
+    scaling.record("m-tpp2-b128", adamw)
+    (seed_apart,) = scaling_report.data_rows(["m-tpp2-b128"])
+    assert seed_apart.endswith("| -0.0300 ± 0.0100 | 0.40 | 0.80 (seed 0) |")
     scaling.record("m-tpp2-b128", [{**r, "machine": "B"} for r in runs if r["optimizer"] == "adamw"])
     (elsewhere,) = scaling_report.data_rows(["m-tpp2-b128"])
     assert elsewhere.endswith("| -0.0300 ± 0.0100 | 0.40 | AdamW on another machine |")

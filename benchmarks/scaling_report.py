@@ -365,7 +365,7 @@ def plot_data_axis(names: list[str], folder: Path) -> Path:
             gaps = point["gaps"]
             key = (label, name.split("-")[0], point["tokens_per_step"])
             lines.setdefault(key, []).append((point["tokens_per_param"], statistics.mean(gaps), standard_error(gaps)))
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    fig, ax = plt.subplots(figsize=(9.6, 4.4))
     for (label, size, tokens), points in sorted(lines.items()):
         xs, ys, errors = zip(*sorted(points))
         style = dict(ls="--", marker="s") if label == WARMUP else dict(marker="o")
@@ -380,7 +380,7 @@ def plot_data_axis(names: list[str], folder: Path) -> Path:
         title="DASH against tuned Muon",
     )
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small", loc="lower right")  # the upper half holds the 1-token point
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1))  # beside the axes: the points fill them
     fig.tight_layout()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "scaling_data.png"

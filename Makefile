@@ -30,7 +30,19 @@ venv: $(VENV)/.installed-examples+test+integrations+torchtitan+docs
 main: venv-main
 	$(BIN)/python examples/train_lm.py
 
-test: lint pytest accelerator docs wheel compat
+# every stage in turn, each one's seconds printed as it ends and all of them at the end (CI's
+# figures in docs/CONTRIBUTING.md, "How long CI takes")
+TEST_STAGES := venv lint pytest accelerator docs wheel compat
+
+test:
+	@times=""; total=$$(date +%s); \
+	for stage in $(TEST_STAGES); do \
+		start=$$(date +%s); \
+		$(MAKE) --no-print-directory $$stage || { echo "make test: stage $$stage failed"; exit 1; }; \
+		took=$$(( $$(date +%s) - start )); times="$$times $$stage $$took s,"; \
+		echo "make test: stage $$stage took $$took s"; \
+	done; \
+	echo "make test: stage times:$${times%,}; total $$(( $$(date +%s) - total )) s"
 
 lint: ruff format-check typecheck
 

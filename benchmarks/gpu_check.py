@@ -14,7 +14,8 @@ at each ``DashConfig.precision`` against each dtype's own peak), ``syncs``, ``ac
 Fail-safe by construction, since a GPU run is rare and short: every row is appended to the
 report file (``--out``) as soon as it is known; each row runs in its own ``try``, and a failure
 keeps the exception and the innermost frames of its traceback; a deadline (``--budget``
-seconds from the start) stops starting new rows in time to write the report; the exit status is
+seconds from the start; on a GPU 420 unless given, none in a dry run unless given) stops
+starting new rows in time to write the report; the exit status is
 1 when any row failed or was wrong, so a wrong number fails the script, not only a crash.
 
 1. Syncs and CUDA graphs: steady-state steps (after warm-up calls that include CUDA graphs'
@@ -57,6 +58,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import faulthandler
+import math
 import os
 import subprocess
 import sys
@@ -80,6 +82,7 @@ from syncs import SyncCounter  # noqa: E402
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 SECTIONS = ("shipped", "precision", "peers", "syncs", "accuracy", "solvers", "training")
 PRECISIONS = ("float32", "tf32", "bfloat16", "float16")
+GPU_BUDGET = 420.0  # seconds of rows on a GPU: an 8-minute command less the report's and watchdog's margin
 WATCHDOG_AFTER = 40  # seconds past the budget: inside gpu_day.sh's 8-minute command at the default budget
 
 # One transformer layer of Llama 953M (docs/ALGORITHM.md 3.2): fused qkv, o, gate, up, down.
@@ -140,11 +143,12 @@ class Report:
 
 
 class Deadline:
-    """The budget: a row starts only while at least its ``need`` seconds are left."""
+    """The budget: a row starts only while at least its ``need`` seconds are left; ``None`` is
+    no budget (a dry run checks the script: every row runs, however slow the machine)."""
 
-    def __init__(self, seconds: float):
+    def __init__(self, seconds: float | None):
         self.start = time.monotonic()
-        self.end = self.start + seconds
+        self.end = self.start + (math.inf if seconds is None else seconds)
 
     def left(self) -> float:
         return self.end - time.monotonic()
@@ -602,8 +606,9 @@ def training_rows(report: Report, deadline: Deadline, args, device) -> None:
             command = [sys.executable, os.path.join(ROOT, "examples", "train_lm.py"), *size, "--runs", *runs]
             command += ["--device", device.type, "--out", out, "--no-progress", "--seeds", "0"]
             env = {**os.environ, "DASH_FN_SIMULATE_ACCELERATOR": "1" if args.dry_run else ""}
-            left = max(30.0, deadline.left() + WATCHDOG_AFTER - 10)
-            done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=left)
+            left = max(30.0, deadline.left() + WATCHDOG_AFTER - 10)  # inf without a budget
+            limit = None if math.isinf(left) else left
+            done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=limit)
             summary = os.path.join(out, "summary.md")
             if done.returncode or not os.path.exists(summary):
                 return f"train_lm failed ({done.returncode}): {' '.join(done.stderr.split()[-60:])}", False
@@ -653,7 +658,7 @@ def run(args, report: Report) -> None:
     sections = [s for s in SECTIONS if s in (args.only or SECTIONS) and s not in args.skip]
     report.line(
         f"{name}, torch {torch.__version__}, tensordict {tensordict.__version__}, float32 products: torch's "
-        f"fp32_precision {tf32!r}, budget {args.budget:.0f} s, sections {', '.join(sections)}"
+        f"fp32_precision {tf32!r}, {budget_text(args.budget)}, sections {', '.join(sections)}"
     )
     report.line()
     report.line("| check | result |")
@@ -681,7 +686,11 @@ def run(args, report: Report) -> None:
     report.line()
     verdict = f"FAILED: {', '.join(report.failures)}" if report.failures else "every check that ran passed"
     not_run = f"; {len(report.not_run)} not run (budget)" if report.not_run else ""
-    report.line(f"{verdict}{not_run}; total wall time {deadline.elapsed():.0f} s of a {args.budget:.0f} s budget")
+    report.line(f"{verdict}{not_run}; total wall time {deadline.elapsed():.0f} s, {budget_text(args.budget)}")
+
+
+def budget_text(budget: float | None) -> str:
+    return "no budget" if budget is None else f"budget {budget:.0f} s"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -700,25 +709,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--budget",
         type=float,
-        default=420,
-        help="seconds after which no new row starts (the report is written by then)",
+        default=None,
+        help=f"seconds after which no new row starts (the report is written by then); when not given, "
+        f"{GPU_BUDGET:.0f} on a GPU and none in a dry run",
     )
     parser.add_argument("--out", help="append each row to this markdown file as it completes")
     args = parser.parse_args(argv)
     if args.dry_run:
         args.reps = 1
+    elif args.budget is None:
+        args.budget = GPU_BUDGET
     report = Report(args.out)
     # should a row hang past the budget, the log shows where before the command is killed (a
-    # killed run writes no traceback), and again every 30 s
-    faulthandler.dump_traceback_later(args.budget + WATCHDOG_AFTER, repeat=False, exit=False)
-    repeat = threading.Timer(args.budget + WATCHDOG_AFTER + 1, faulthandler.dump_traceback_later, (30, True))
-    repeat.daemon = True
-    repeat.start()
+    # killed run writes no traceback), and again every 30 s; a dry run without a budget has the
+    # test's own timeout as its hang guard
+    repeat = None
+    if args.budget is not None:
+        faulthandler.dump_traceback_later(args.budget + WATCHDOG_AFTER, repeat=False, exit=False)
+        repeat = threading.Timer(args.budget + WATCHDOG_AFTER + 1, faulthandler.dump_traceback_later, (30, True))
+        repeat.daemon = True
+        repeat.start()
     try:
         with simulated_accelerator() if args.dry_run else contextlib.nullcontext():
             run(args, report)
     finally:
-        repeat.cancel()
+        if repeat is not None:
+            repeat.cancel()
         faulthandler.cancel_dump_traceback_later()
         report.close()
     return 1 if report.failures else 0

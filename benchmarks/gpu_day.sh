@@ -14,8 +14,8 @@
 #                                                    # site directory, runs benchmarks/gpu_check.py
 #
 # `run` writes OUT/gpu_check.md (every row as it completes) and OUT/gpu_check.log, and exits with
-# the check's status (1 when a check failed). BUDGET (seconds, default 420) is when the check
-# stops starting new rows; ARGS go to gpu_check.py (--dry-run checks this script on a CPU).
+# the check's status (1 when a check failed). BUDGET (seconds; default 420 on a GPU, none in a
+# dry run) is when the check stops starting new rows; ARGS go to gpu_check.py (--dry-run checks this script on a CPU).
 # GPU_PYTHON (default 3.12, the GPU image's) is the Python the wheels are fetched for.
 set -euo pipefail
 caller=$PWD
@@ -65,11 +65,11 @@ fetch)
 run)
     out=${2:?usage: gpu_day.sh run OUT [BUDGET] [gpu_check.py arguments]}
     [[ $out = /* ]] || out=$caller/$out
+    budget=()  # none given: gpu_check.py's own (420 s on a GPU, none in a dry run)
     if [[ ${3:-} =~ ^[0-9]+$ ]]; then
-        budget=$3
+        budget=(--budget "$3")
         shift 3
     else
-        budget=420
         shift 2
     fi
     mkdir -p "$out"
@@ -91,7 +91,7 @@ run)
     export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
     "$PYTHON" -c "import tensordict, dash_fn; print('tensordict', tensordict.__version__, 'from', tensordict.__file__)"
     set +e
-    "$PYTHON" benchmarks/gpu_check.py --budget "$budget" --out "$out/gpu_check.md" "$@" 2>&1 | tee "$out/gpu_check.log"
+    "$PYTHON" benchmarks/gpu_check.py "${budget[@]}" --out "$out/gpu_check.md" "$@" 2>&1 | tee "$out/gpu_check.log"
     exit "${PIPESTATUS[0]}"
     ;;
 *)

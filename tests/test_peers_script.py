@@ -9,9 +9,12 @@ SCRIPT = os.path.join(ROOT, "benchmarks", "peers.py")
 
 
 def test_peers_quick_prints_the_table():
-    # the compiled row and HeavyBall (which compiles its step with max-autotune) take minutes
-    # to compile, so they are left out here; the rest runs in seconds
-    cmd = [sys.executable, SCRIPT, "--quick", "--skip", "dash-compiled", "soap", "psgd-kron"]
+    """A tool test that stays: peers.py is the benchmark every change to the hot path is judged
+    by (within noise of the last run), so its harness (the round-robin timing, the table, the
+    machine line, --only) must not rot. Its rows' math is the library tests' business: two
+    eager rows, dash_fn and AdamW, exercise the harness; the compiled rows would add minutes
+    of compiling that tests/test_compile_step.py already pays."""
+    cmd = [sys.executable, SCRIPT, "--quick", "--only", "dash-eager", "adamw"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-4000:]
     lines = out.stdout.splitlines()

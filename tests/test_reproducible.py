@@ -90,14 +90,12 @@ def assert_bitwise_equal_runs(first, second) -> None:
             assert torch.equal(params_a[run][name], params_b[run][name]), (run, name)
 
 
-def test_train_lm_repeats_bitwise_aot_eager(tmp_path):
-    assert_bitwise_equal_runs(*train_lm_twice(tmp_path, "aot_eager"))
-
-
 @pytest.mark.inductor
 def test_train_lm_repeats_bitwise_inductor_cold_and_warm_cache(tmp_path):
     """The default backend: without --deterministic, Inductor's embedding backward adds rows
-    with atomic adds from 2 threads and the gradients of this run differ between calls."""
+    with atomic adds from 2 threads and the gradients of this run differ between calls. (The
+    same pair of runs under aot_eager was dropped from CI: this one covers the same script, the
+    same comparison and a compile cache besides.)"""
     assert_bitwise_equal_runs(*train_lm_twice(tmp_path, "inductor"))
 
 

@@ -112,7 +112,9 @@ def inverse_root(
     """``X^{-1/p}`` for every block of a (K, b, b) stack of symmetric PSD matrices.
 
     Uses ``config.solver`` with its settings (``auto`` picks by the stack's device) and
-    ``config.precision`` for its products (dash_fn.roots.matmul). ``start``
+    ``config.precision`` for its products (dash_fn.roots.matmul): with the default
+    ``precision="auto"`` that is float16 tensor-core products (float32 accumulation) on CUDA and
+    XPU, and float32 elsewhere; pass ``DashConfig(precision="float32")`` for float32. ``start``
     are power-iteration start vectors (b, k); by default the deterministic ones of
     ``start_vectors``. The result has the input's shape and dtype. A block on which an
     iterative solver diverged (its residual far above 1, or a Chebyshev polynomial

@@ -14,7 +14,8 @@ the Newton iterations amplify their own rounding where a 7-bit fraction is too c
 ``"auto"`` picks from static facts: on CUDA and XPU, :data:`AUTO_ACCELERATOR` of the
 preconditioner (float16 for Shampoo's, float32 for the eigenvalue-corrected one); elsewhere
 (CPUs included) "float32". Its results therefore differ across hardware by 16-bit rounding, as TF32's do; an
-explicit "float32" gives the same bits everywhere.
+explicit "float32" gives the same bits on one machine type with one torch build (CPU instruction
+sets sum in other orders; on GPUs, torch's TF32 setting applies to float32 products).
 
 The kernel of a precision is a fact of the device, chosen once per call
 (:func:`products_for`), never per product and never from data:

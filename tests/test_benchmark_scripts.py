@@ -1,4 +1,9 @@
-"""The benchmark scripts run (tiny sizes, CPU): they must never rot."""
+"""The benchmark scripts run (tiny sizes, CPU): they must never rot.
+
+Tool tests, not library tests: each stays because a figure in the README or RESULTS.md comes
+from its script, and a script that breaks silently leaves that figure without a command that
+reproduces it. They run the smallest sizes that still reach every table; the library's math is
+tested elsewhere. The GPU check has a file of its own (tests/test_gpu_check.py)."""
 
 import os
 import re
@@ -83,7 +88,9 @@ def _table_rows(out: str, first: str) -> dict[tuple[str, ...], list[str]]:
 
 
 def test_fsdp_bench_planner(capsys):
-    """Llama 953M at block 1024: exact moves less than an all-to-all of every gradient, local 0."""
+    """Llama 953M at block 1024: exact moves less than an all-to-all of every gradient, local 0.
+    (It stays at the real model's shapes: the README's and the distributed guide's bytes-moved
+    figures are these tables' cells; the planner on small shapes is tests/test_fsdp.py's.)"""
     import fsdp_bench
 
     fsdp_bench.main(["--planner-only"])
@@ -196,7 +203,8 @@ def test_basis_gpu_dry_run(tmp_path):
 
 @pytest.mark.inductor
 def test_cpu_compiled_profile_quick(capsys):
-    """The eager and compiled adapter steps on the main job's model, timed and profiled."""
+    """The eager and compiled adapter steps on the main job's model, timed and profiled. (It
+    stays: RESULTS' figures on compile=True on a CPU come from this script.)"""
     import cpu_compiled_profile
 
     cpu_compiled_profile.main(["--quick"])

@@ -1,11 +1,17 @@
 import os
 
-import pytest
-import torch
-
-from dash_fn.strategy import simulating
-
+# Inductor's compile cache lives in the checkout (its .cache/, which git ignores), for these
+# processes and every subprocess they start. Set before dash_fn is imported: importing it sets
+# the variable to torch's default, a /tmp folder that every checkout and environment on the
+# machine would share (a kernel compiled under one ATEN_CPU_CAPABILITY was reused under another
+# there, and returned NaN).
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".cache", "inductor"))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from dash_fn.strategy import simulating  # noqa: E402
+
 # The tests use small blocks, where OpenMP threads only add scheduling stalls (up to 300x on a
 # loaded 2-core machine, measured); one thread makes their run time predictable.
 torch.set_num_threads(1)
@@ -14,6 +20,14 @@ torch.set_num_threads(1)
 # shares) in the main pass, 2 in the accelerator pass (docs/CONTRIBUTING.md); ownership is the same under
 # both.
 DISTRIBUTED_WORLD_SIZE = 2 if simulating() else 3
+
+if simulating():
+    # The simulated accelerator pass (and the multi-process workers it launches, which import this
+    # module): the CPU runs torch.bmm(a16, b16, out_dtype=float32) as a GPU does, so "auto"
+    # resolves to float16 and the tensor-core code executes (tests/tensor_core_stand_in.py).
+    from tensor_core_stand_in import register_for_the_process
+
+    register_for_the_process()
 
 MIXED_SHAPES = {"square": (64, 64), "rect": (100, 37), "conv": (3, 5, 7, 7), "bias": (256,), "vec": (7,), "scalar": ()}
 

@@ -153,7 +153,11 @@ class DashConfig:
           and float32 state either way; or "auto", per device and preconditioner: on GPUs
           "float16" for Shampoo's preconditioner and "float32" for the eigenvalue-corrected one
           (``dash_fn.roots.matmul.AUTO_ACCELERATOR``; CUDA and XPU), "float32" elsewhere, CPUs
-          included (results then differ across hardware by 16-bit rounding). A part unstable in a precision keeps
+          included (results then differ across hardware by 16-bit rounding). A GPU that
+          refuses float16 products with float32 results (compute capability below 7.0, ROCm's
+          CK BLAS backend, ``allow_fp16_accumulation``, a torch without the kernel) takes
+          float32 under "auto", with one notice through the ``dash_fn`` logger, and an
+          explicit "float16" or "bfloat16" there is a ValueError at ``init``. A part unstable in a precision keeps
           float32 (NDB below float32; coupled Newton and Chebyshev under bfloat16). On a CPU,
           bfloat16 runs natively where it has bf16 units (AMX, AVX-512 BF16); a precision the
           device lacks is emulated: its numerics, not its speed (5.5, dash_fn.roots.matmul).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 from collections.abc import Mapping
@@ -17,7 +18,7 @@ from .distributed.layout import Layout, read_layout
 from .inputs import check_params, flatten
 from .plan import Plan, make_plan
 from .roots import prepare, resolve_solver, start_vectors, uses_start_vectors
-from .roots.matmul import products_for
+from .roots.matmul import AUTO_ACCELERATOR, LOW, device_refusal, has_tensor_cores, products_for
 from .schedule import DUE_BLOCKS_KEY, SCHEDULE_KEY, due_block_tables, stagger_tables, staggers
 from .storage import stored_dtype
 from .strategy import for_device
@@ -98,14 +99,14 @@ def init(
     _warn_about_mixed_precision(specs)
     if not sharded:
         device = tensors[0].device
-        _warn_about_precision(config, device)
+        _check_precision(config, device)
         return make_state(specs, config, device, *process_group_info(process_group), batch_dims=batch_dims)
     if process_group is not None:
         raise TypeError("init: params are DTensors, whose DeviceMesh names the ranks; pass process_group=None")
     dtensors = cast("list[DTensor]", tensors)  # check_dtensors found every param a DTensor
     layout = read_layout(names, dtensors, batch_dims)
     device = dtensors[0].to_local().device
-    _warn_about_precision(config, device)
+    _check_precision(config, device)
     return make_state(specs, config, device, sharding="fsdp", batch_dims=batch_dims, pieces=layout)
 
 
@@ -266,10 +267,32 @@ def _warn_about_mixed_precision(specs) -> None:
         )
 
 
-def _warn_about_precision(config: DashConfig, device: torch.device) -> None:
-    """Warn where an explicit precision is emulated (:mod:`dash_fn.roots.matmul`): its numerics
-    at float32 speed, never what someone choosing 16 bits or TF32 for speed wants. ("auto" never
-    emulates: it picks float32 where the device has no faster form.)"""
+_log = logging.getLogger("dash_fn")
+_noticed: set[tuple[str, str]] = set()  # (device, reason) of the fallback notices already given
+
+
+def _check_precision(config: DashConfig, device: torch.device) -> None:
+    """Take the device's verdict on 16-bit products (once; :func:`dash_fn.roots.matmul.device_refusal`)
+    and act on it: "auto" on a device that refuses them falls back to float32 with one notice;
+    an explicit 16-bit precision there is an error now rather than mid-training. Warn where an
+    explicit precision is emulated: its numerics at float32 speed, never what someone choosing
+    16 bits or TF32 for speed wants. ("auto" never emulates: it picks float32 where the device
+    has no faster form.)"""
+    refusal = device_refusal(device) if has_tensor_cores(device) else None
+    if refusal:
+        if config.precision == "auto" and AUTO_ACCELERATOR[config.preconditioner] != "float32":
+            if (str(device), refusal) not in _noticed:
+                _noticed.add((str(device), refusal))
+                _log.warning(
+                    "precision='auto' on %s multiplies in float32: %s (pass precision='float32' to silence this)",
+                    device,
+                    refusal,
+                )
+        elif config.precision in LOW and device.type != "cpu":  # the simulated CPU emulates instead
+            raise ValueError(
+                f"init: precision={config.precision!r} needs 16-bit products with float32 results, which {device} "
+                f"cannot run: {refusal}; use precision='auto' (float32 here) or 'float32'"
+            )
     products = products_for(config.precision, device, preconditioner=config.preconditioner)
     if products.kernel == "emulated":
         warnings.warn(

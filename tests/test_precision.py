@@ -107,11 +107,16 @@ def test_inductor_keeps_the_rounding(precision, kernel):
     assert rel_err(got, a.to(f64) @ b.to(f64)) > 0.05 * ROUNDOFF[precision]
 
 
-def test_auto_resolves_from_static_facts():
+def test_auto_resolves_from_static_facts(monkeypatch):
     """auto: off the CPU, float16 under Shampoo's preconditioner and float32 under the
     eigenvalue-corrected one (the paired training runs); float32 on every CPU (so the suite keeps its
     bits); bfloat16 natively where the CPU has bf16 units; float64 stacks are never rounded;
-    explicit float32 is the plain product on every device."""
+    explicit float32 is the plain product on every device. (A CUDA device's facts are faked:
+    this CPU build of torch has no CUDA kernels; tests/test_tensor_cores.py tests each fact.)"""
+    from dash_fn.roots import matmul
+
+    monkeypatch.setattr(matmul, "tensor_core_facts", lambda device: matmul.TensorCoreFacts("cuda", True, (9, 0)))
+    monkeypatch.setattr(matmul, "_VERDICTS", {})  # the faked verdicts go with the test
     assert products_for("auto", torch.device("cuda")) == Products("float16", "tensor_core")
     assert products_for("auto", torch.device("cuda"), preconditioner="eigenvalue_corrected") is PLAIN
     assert products_for("tf32", torch.device("cuda")) == Products("tf32", "tensor_core")

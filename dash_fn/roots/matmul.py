@@ -12,10 +12,15 @@ A part of the step that a precision cannot serve keeps float32 operands (:data:`
 the Newton iterations amplify their own rounding where a 7-bit fraction is too coarse.
 
 ``"auto"`` picks from static facts: on CUDA and XPU, :data:`AUTO_ACCELERATOR` of the
-preconditioner (float16 for Shampoo's, float32 for the eigenvalue-corrected one); elsewhere
-(CPUs included) "float32". Its results therefore differ across hardware by 16-bit rounding, as TF32's do; an
-explicit "float32" gives the same bits on one machine type with one torch build (CPU instruction
-sets sum in other orders; on GPUs, torch's TF32 setting applies to float32 products).
+preconditioner (float16 for Shampoo's, float32 for the eigenvalue-corrected one) where the
+device serves 16-bit products with float32 results (:func:`tensor_core_refusal`: a GPU below
+compute capability 7.0, ROCm's CK BLAS backend, cuBLAS's fp16-accumulation flag or a torch
+without the kernel for the device refuse; "auto" is float32 there, with one notice through the
+``dash_fn`` logger); elsewhere (CPUs included) "float32". ``init`` takes the verdict once per
+device and process, and every step reads it. Its results therefore differ across hardware by
+16-bit rounding, as TF32's do; an explicit "float32" gives the same bits on one machine type
+with one torch build (CPU instruction sets sum in other orders; on GPUs, torch's TF32 setting
+applies to float32 products).
 
 The kernel of a precision is a fact of the device, chosen once per call
 (:func:`products_for`), never per product and never from data:
@@ -43,6 +48,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from ..strategy import simulating
 
 ALIGN_BYTES = 64
 
@@ -82,8 +89,11 @@ LOW = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 # every CPU.
 AUTO_ACCELERATOR = {"shampoo": "float16", "eigenvalue_corrected": "float32"}
 # Where "auto" may leave float32: devices whose 16-bit products run on matrix units. Elsewhere
-# (CPUs, MPS, the meta device of a layout) a 16-bit "auto" would only be emulated.
+# (CPUs, MPS, the meta device of a layout) a 16-bit "auto" would only be emulated. The simulated
+# accelerator strategy (dash_fn.strategy) counts the CPU among them, so that the tests run the
+# tensor-core code where no GPU is (with a stand-in CPU kernel of aten::bmm.dtype, tests/).
 TENSOR_CORE_DEVICES = ("cuda", "xpu")
+FIRST_TENSOR_CORE_CAPABILITY = (7, 0)  # Volta: CUDA devices below it multiply 16 bits no faster
 
 # The parts of a step, and those that keep float32 operands under a precision, with the reason.
 # The rule: an iteration keeps float32 where the precision moves its result by more than 5% of
@@ -121,12 +131,90 @@ def cpu_has_bf16_units() -> bool:
     return BF16_UNITS
 
 
+def has_tensor_cores(device: torch.device) -> bool:
+    """Whether ``device`` is one whose 16-bit products would run on matrix units: CUDA and XPU,
+    and the CPU under the simulated accelerator strategy."""
+    return device.type in TENSOR_CORE_DEVICES or (device.type == "cpu" and simulating())
+
+
+@dataclass(frozen=True)
+class TensorCoreFacts:
+    """The static facts that decide whether a device serves ``torch.bmm(a16, b16,
+    out_dtype=float32)``: ``kernel``, torch registers that op for the device's dispatch key (CUDA
+    always; XPU from some release on; the CPU only where a test registers a stand-in);
+    ``capability``, a CUDA device's compute capability (None elsewhere); ``rocm_ck``, ROCm with
+    the CK BLAS backend (whose batched Half-in, float-out GEMM raises); ``fp16_accumulation``,
+    ``torch.backends.cuda.matmul.allow_fp16_accumulation`` (cuBLAS's Half-in, float-out batched
+    GEMM raises under it)."""
+
+    device_type: str
+    kernel: bool
+    capability: tuple[int, int] | None = None
+    rocm_ck: bool = False
+    fp16_accumulation: bool = False
+
+
+def tensor_core_facts(device: torch.device) -> TensorCoreFacts:
+    """The :class:`TensorCoreFacts` of ``device``, read from torch (host calls; never traced)."""
+    key = {"cuda": "CUDA", "xpu": "XPU"}.get(device.type, "CPU")
+    kernel = torch._C._dispatch_has_kernel_for_dispatch_key("aten::bmm.dtype", key)
+    capability = None
+    rocm_ck = False
+    if device.type == "cuda" and torch.cuda.is_available():
+        capability = torch.cuda.get_device_capability(device)
+        if torch.version.hip is not None:
+            rocm_ck = getattr(torch.backends.cuda.preferred_blas_library(), "name", "") == "Ck"
+    fp16_accumulation = bool(getattr(torch.backends.cuda.matmul, "allow_fp16_accumulation", False))
+    return TensorCoreFacts(device.type, kernel, capability, rocm_ck, fp16_accumulation)
+
+
+def tensor_core_refusal(facts: TensorCoreFacts) -> str | None:
+    """Why a device with these facts cannot serve the 16-bit products, or None where it can."""
+    if not facts.kernel:
+        return f"torch {torch.__version__} has no {facts.device_type} kernel for torch.bmm(..., out_dtype=float32)"
+    if facts.capability is not None and facts.capability < FIRST_TENSOR_CORE_CAPABILITY:
+        major, minor = facts.capability
+        return f"compute capability {major}.{minor} has no tensor cores (they start at 7.0)"
+    if facts.rocm_ck:
+        return "ROCm's CK BLAS backend refuses the batched float16-in, float32-out GEMM"
+    if facts.fp16_accumulation:
+        return (
+            "torch.backends.cuda.matmul.allow_fp16_accumulation is set, under which cuBLAS refuses float16 "
+            "products with float32 results"
+        )
+    return None
+
+
+# The verdict of each device (type, index, simulated), taken once, at the first ``init`` there:
+# the step reads it (a compiled step cannot call torch's dispatcher queries), so a setting
+# changed during training never changes what the step multiplies in.
+_VERDICTS: dict[tuple[str, int | None, bool], str | None] = {}
+
+
+def device_refusal(device: torch.device) -> str | None:
+    """The refusal of ``device`` (:func:`tensor_core_refusal`), None where it serves 16-bit
+    products; taken once per device and process (``init`` takes it first)."""
+    key = (device.type, device.index, simulating())
+    if key not in _VERDICTS:
+        _VERDICTS[key] = (
+            tensor_core_refusal(tensor_core_facts(device)) if has_tensor_cores(device) else "no tensor cores"
+        )
+    return _VERDICTS[key]
+
+
+def forget_device_verdicts() -> None:
+    """Drop the verdicts taken so far (tests that fake a device's facts, or register a stand-in)."""
+    _VERDICTS.clear()
+
+
 def resolve_precision(precision: str, device: torch.device, preconditioner: str = "shampoo") -> str:
     """The precision a config's setting means on ``device`` for its ``preconditioner``: "auto"
     resolved, others as given."""
     if precision != "auto":
         return precision
-    return AUTO_ACCELERATOR[preconditioner] if device.type in TENSOR_CORE_DEVICES else "float32"
+    if AUTO_ACCELERATOR[preconditioner] == "float32" or not has_tensor_cores(device):
+        return "float32"
+    return "float32" if device_refusal(device) else AUTO_ACCELERATOR[preconditioner]
 
 
 @torch.library.custom_op("dash_fn::round_to", mutates_args=())
@@ -233,7 +321,7 @@ def products_for(
     resolved = resolve_precision(precision, device, preconditioner)
     if resolved == "float32" or dtype != torch.float32:
         return PLAIN
-    if device.type == "cuda" or (device.type == "xpu" and resolved != "tf32"):
+    if device.type == "cuda" or (has_tensor_cores(device) and resolved != "tf32" and not device_refusal(device)):
         return _BUILT[resolved, "tensor_core"]
     if resolved == "bfloat16" and device.type == "cpu" and cpu_has_bf16_units():
         return _BUILT[resolved, "native_cpu"]

@@ -702,6 +702,27 @@ MUTATIONS = [
         "for k in range(a.shape[0])]).to(a.dtype)",
         ("tests/test_precision.py", "-k", "accumulate"),
     ),
+    Mutation(
+        "tensor cores: 'auto' float32 off the CPU even where the device serves float16",
+        "dash_fn/roots/matmul.py",
+        'return "float32" if device_refusal(device) else AUTO_ACCELERATOR[preconditioner]',
+        'return "float32"',
+        ("tests/test_tensor_cores.py",),
+    ),
+    Mutation(
+        "tensor cores: a GPU below compute capability 7.0 taken for one with tensor cores",
+        "dash_fn/roots/matmul.py",
+        "if facts.capability is not None and facts.capability < FIRST_TENSOR_CORE_CAPABILITY:",
+        "if False:",
+        ("tests/test_tensor_cores.py",),
+    ),
+    Mutation(
+        "tensor cores: the verdict taken again at every step (a flag set mid-run changes the products)",
+        "dash_fn/roots/matmul.py",
+        "    if key not in _VERDICTS:\n",
+        "    if True:\n",
+        ("tests/test_tensor_cores.py",),
+    ),
 ]
 
 

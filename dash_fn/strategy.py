@@ -15,8 +15,10 @@ Three strategies, from the device, whether the call is being traced, and an over
 
 The accelerator strategy runs on CPU tensors too, so that its code is tested where no GPU
 is: set ``DASH_FN_SIMULATE_ACCELERATOR=1`` in the environment, or use
-:func:`simulated_accelerator` in-process. (Kernel facts stay facts of the device: a CPU has no
-16-bit product with float32 accumulation, see :mod:`dash_fn.roots.matmul`.)
+:func:`simulated_accelerator` in-process. Under it the CPU also counts as a tensor-core device
+(:func:`dash_fn.roots.matmul.has_tensor_cores`), but kernel facts stay facts of the torch build:
+CPU torch has no 16-bit product with a float32 result, so "auto" stays float32 there unless a
+test registers a stand-in for that op (tests/tensor_core_stand_in.py).
 """
 
 from __future__ import annotations

@@ -43,6 +43,14 @@ def test_gpu_check_dry_run(tmp_path):
 # The failure-mode tests below check the script's own logic (a failed row, a wrong number, a
 # skipped CUDA graph): one small parameter serves them as well as the whole tiny layer.
 ONE_PARAMETER = {"o": (32, 32)}
+# the syncs section's compiled rows, each checked against eager and for CUDA-graph skips
+COMPILED_SYNC_ROWS = (
+    "adapter, compiled",
+    "functional step, compiled",
+    "functional step, spectral rule + eps_rel + nesterov_G, compiled",
+    "functional step, the defaults (auto: coupled Newton, cube roots), compiled",
+    "functional step, eigenvalue-corrected (auto: qr bases), compiled",
+)
 
 
 def test_gpu_check_sections_are_chosen(tmp_path):
@@ -97,11 +105,7 @@ def test_gpu_check_fails_on_wrong_numbers(tmp_path, monkeypatch):
     assert gpu_check.main(["--dry-run", "--only", "syncs", "accuracy", "solvers", "--out", str(report)]) == 1
     failed = [line.split(" | ")[0][2:] for line in report.read_text().splitlines() if line.endswith("**FAILED** |")]
     assert failed == [
-        "adapter, compiled",
-        "functional step, compiled",
-        "functional step, spectral rule + eps_rel + nesterov_G, compiled",
-        "functional step, the defaults (auto: coupled Newton, cube roots), compiled",
-        "functional step, eigenvalue-corrected (auto: qr bases), compiled",
+        *COMPILED_SYNC_ROWS,
         "cn: float32 on cpu vs float64 on CPU, 12 steps, max relative difference",
         "ndb: float32 on cpu vs float64 on CPU, 12 steps, max relative difference",
         "eigh: float32 on cpu vs float64 on CPU, 12 steps, max relative difference",
@@ -127,11 +131,7 @@ def test_gpu_check_fails_a_row_that_cuda_graphs_skipped(tmp_path, monkeypatch):
     failed = [line.split(" | ")[0][2:] for line in report.read_text().splitlines() if line.endswith("**FAILED** |")]
     assert failed == [
         *(f"shipped: {mode}, block {b}, precision {precision}, tiny" for b in (8, 16) for mode, precision in MODES),
-        "adapter, compiled",
-        "functional step, compiled",
-        "functional step, spectral rule + eps_rel + nesterov_G, compiled",
-        "functional step, the defaults (auto: coupled Newton, cube roots), compiled",
-        "functional step, eigenvalue-corrected (auto: qr bases), compiled",
+        *COMPILED_SYNC_ROWS,
         "ndb: step times, tiny",
     ]
 

@@ -1,11 +1,15 @@
 import os
 
-# Inductor's compile cache lives in the checkout (its .cache/, which git ignores), for these
-# processes and every subprocess they start. Set before dash_fn is imported: importing it sets
-# the variable to torch's default, a /tmp folder that every checkout and environment on the
-# machine would share (a kernel compiled under one ATEN_CPU_CAPABILITY was reused under another
-# there, and returned NaN).
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".cache", "inductor"))
+# Inductor's compile cache lives in the checkout (its .cache/, which git ignores), one folder per
+# ATEN_CPU_CAPABILITY, for these processes and every subprocess they start. Set before dash_fn is
+# imported: importing it sets the variable to torch's default, a /tmp folder that every checkout
+# and environment on the machine would share. Inductor's cache key leaves ATEN_CPU_CAPABILITY
+# out: a kernel compiled under one capability and reused under another returned NaN or corrupted
+# the heap (docs/CONTRIBUTING.md, "Inductor's cache").
+_capability = os.environ.get("ATEN_CPU_CAPABILITY") or "native"
+os.environ.setdefault(
+    "TORCHINDUCTOR_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".cache", f"inductor-{_capability}")
+)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -15,8 +15,8 @@
 #
 # `run` writes OUT/gpu_check.md (every row as it completes) and OUT/gpu_check.log, and exits with
 # the check's status (1 when a check failed). BUDGET (seconds; default 420 on a GPU, none in a
-# dry run) is when the check stops starting new rows; ARGS go to gpu_check.py (--dry-run checks
-# this script on a CPU).
+# dry run) is when the check stops starting new rows and cuts a running one; ARGS go to
+# gpu_check.py (--dry-run checks this script on a CPU).
 # GPU_PYTHON (default 3.12, the GPU image's) is the Python the wheels are fetched for.
 set -euo pipefail
 caller=$PWD

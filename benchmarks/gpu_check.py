@@ -428,7 +428,7 @@ def float64_steps(device: torch.device, shapes: dict, config: dash_fn.DashConfig
     return params
 
 
-def shipped_check(device, shapes, label, config, compile, reps) -> tuple[dict, float]:
+def shipped_check(device, shapes, config, compile, reps) -> tuple[dict, float]:
     """(a) and (b): the parameters after SHIPPED_STEPS checked steps, their distance to float64,
     and the median ms of one more compiled step."""
     params, again = shipped_steps(device, shapes, config, compile, SHIPPED_STEPS)
@@ -450,7 +450,7 @@ def shipped_rows(report: Report, deadline: Deadline, args, device, shapes, label
             calls = stand_in.calls if stand_in else 0
             before = cudagraph_skips()
             try:
-                found, seconds = shipped_check(device, shapes, label, config, cuda_graphs, args.reps)
+                found, seconds = shipped_check(device, shapes, config, cuda_graphs, args.reps)
             finally:
                 torch._dynamo.reset()
             skips = cudagraph_skips() - before

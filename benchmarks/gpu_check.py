@@ -898,18 +898,10 @@ def bits_rows(report: Report, deadline: Deadline, args, device, shapes, label) -
 
 
 def variant_step(device: torch.device, shapes: dict, config: dash_fn.DashConfig, compile, reps: int) -> float:
-    """Median seconds of the functional step of ``config`` as a training loop calls it (no
-    refresh flag under the staggered schedule: every step the same program), compiled with
-    ``compile`` options (None: eager); fixed input buffers, as under CUDA graphs they must be."""
-    gen = torch.Generator().manual_seed(0)
-    params = {k: torch.randn(s, generator=gen).to(device) for k, s in shapes.items()}
-    grads = {k: torch.randn(s, generator=gen).to(device) for k, s in shapes.items()}
-    for x in grads.values():
-        torch._dynamo.mark_static_address(x, guard=False)
-    one = step_in_place(params, config, compile, torch.tensor(1e-3, device=device))
-    for _ in range(WARMUP):
-        one(grads, 1)
-    return median_seconds(lambda: one(grads, 1), reps, device)
+    """Median seconds of ``config``'s step as :func:`shipped_steps` runs it (compiled with
+    ``compile`` options, None: eager), after its WARMUP steps."""
+    _, again = shipped_steps(device, shapes, config, compile, WARMUP)
+    return median_seconds(again, reps, device)
 
 
 def variant_rows(report: Report, deadline: Deadline, args, device, shapes, label, cuda_graphs, measured) -> None:

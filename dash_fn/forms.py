@@ -61,18 +61,24 @@ class DeviceForms:
         """``torch.where(flags, new, old)``, or ``new`` where the flags are known to hold."""
         return self.strategy.select(flags, new, old)
 
-    def products_and_guard(self, config: DashConfig, shard, vectors, blocks) -> tuple[list, Guard]:
-        """Each group's factor products ``[(factor slice, X)]`` (b) and the step's guard: with
-        ``skip_nonfinite``, whether the AdamW ``vectors``' gradients and every product are
-        finite on every rank (:func:`dash_fn.guard.all_finite`)."""
+    def products_and_guard(
+        self, config: DashConfig, shard, vectors, blocks, lr_ok: torch.Tensor | None
+    ) -> tuple[list, Guard]:
+        """Each group's factor products ``[(factor slice, X)]`` (b) and the step's guard, on
+        every rank: ``lr_ok`` (:func:`dash_fn.guard.lr_in_range`; None: nothing to check) and,
+        with ``skip_nonfinite``, whether the AdamW ``vectors``' gradients and every product are
+        finite (:func:`dash_fn.guard.all_finite`)."""
         products = [
             [(side, self.products.of("factors")(a, b)) for side, a, b in factor_sides(group, G)]
             for group, G in zip(shard.local.groups, blocks)
         ]
-        if not config.skip_nonfinite:
+        checks = [lr_ok] if lr_ok is not None else []
+        if config.skip_nonfinite:
+            checks.append(guard.all_finite(vectors, [X for sides in products for _, X in sides]))
+        if not checks:
             return products, Guard()
-        ok = shard.all_ranks(guard.all_finite(vectors, [X for sides in products for _, X in sides]))
-        return products, Guard(ok)
+        ok = checks[0] if len(checks) == 1 else checks[0].to(checks[1].device) & checks[1]
+        return products, Guard(shard.all_ranks(ok))
 
     def factor_ema(self, F: torch.Tensor, X, beta: float, guard: Guard, dtype: torch.dtype) -> None:
         """``F <- beta F + (1 - beta) X`` (b), the decay gated by the guard (``beta = 1``: sums)."""
@@ -130,12 +136,17 @@ class DeviceForms:
 class HostForms(DeviceForms):
     """Eager on the CPU: the CPU's kernels and shortcuts read on the host (the module doc)."""
 
-    def products_and_guard(self, config: DashConfig, shard, vectors, blocks) -> tuple[list, Guard]:
+    def products_and_guard(
+        self, config: DashConfig, shard, vectors, blocks, lr_ok: torch.Tensor | None
+    ) -> tuple[list, Guard]:
         """As the device form, but where no product can overflow (or unguarded) the factor EMAs
         run inside their products: the product's operands ``(a, b)`` stand for it (rows of
         whole 64-byte lines; else MKL rounds by position, :func:`stacked_matmul`); and a
-        step that is not finite is known here, so it is skipped rather than masked. (A
-        precision below float32 multiplies in its own kernel, outside the EMA.)"""
+        step that is not finite, or whose ``lr_ok`` fails, is known here, so it is skipped
+        rather than masked. (A precision below float32 multiplies in its own kernel, outside
+        the EMA.)"""
+        if lr_ok is not None and not bool(shard.all_ranks(lr_ok)):
+            return [], Guard(skipped=True)  # a skipped step reads no products
         if (
             self.products is PLAIN
             and stored_dtype(config, "F", shard.local.dtype) == shard.local.dtype
@@ -146,7 +157,7 @@ class HostForms(DeviceForms):
                 for group, G in zip(shard.local.groups, blocks)
             ]
             return products, Guard()
-        products, checked = super().products_and_guard(config, shard, vectors, blocks)
+        products, checked = super().products_and_guard(config, shard, vectors, blocks, None)
         if checked.ok is None or bool(checked.ok):
             return products, Guard()
         return products, Guard(skipped=True)

@@ -22,6 +22,10 @@ A step that the caller marks as a refresh step (``refresh=True``) still refreshe
 when it is skipped, from the factors it left unchanged: so a refresh schedule counted on the
 host (calls, skipped or not) loses no refresh to a skip and needs no read of ``ok``.
 
+The learning rate is guarded too: a tensor ``lr`` (or a float a compiled step traces) that is
+not a finite number >= 0 fails ``ok`` the same way (:func:`lr_in_range`), whatever
+``skip_nonfinite`` says; a float is refused on the host before anything runs.
+
 A run whose gradients keep overflowing stops learning. Where the host knows of a skip (eager on
 the CPU) the ``dash_fn`` logger says so at WARNING when the count reaches 1, 10, 100, ...
 (:func:`announce_skip`); elsewhere the count is read from ``state["skipped"]`` (the adapter's
@@ -47,15 +51,29 @@ def announce_skip(count: int) -> None:
     if str(count).rstrip("0") != "1":
         return
     _log.warning(
-        "dash_fn.step: %d step%s skipped so far: a gradient held a NaN or Inf, or a factor product "
-        "overflowed, and such a step changes nothing (parameters, state, step counter). A run whose "
-        "gradients keep overflowing stops learning: check the loss scale and the learning rate. "
+        "dash_fn.step: %d step%s skipped so far: a gradient held a NaN or Inf, a factor product "
+        "overflowed, or a tensor learning rate was not a finite number >= 0, and such a step changes "
+        "nothing (parameters, state, step counter). A run whose gradients keep overflowing stops "
+        "learning: check the loss scale and the learning rate (and its schedule). "
         'state["skipped"] counts them (DASH.skipped_steps()); skip_nonfinite=False lets them through. '
         "Said again at %d.",
         count,
         "" if count == 1 else "s",
         10 * count,
     )
+
+
+def lr_in_range(lr) -> torch.Tensor | None:
+    """Whether a learning rate that the host has not checked is a finite number >= 0 (0-d
+    bool): a tensor (its value lives on the device), or a float that a compiled step traces
+    as a symbol. None for a float the host has checked (``dash_fn.inputs``). A step whose lr
+    fails changes nothing and is counted, as a non-finite gradient's: a NaN lr would turn
+    every weight NaN, a negative one step uphill."""
+    if not isinstance(lr, torch.Tensor):
+        if not torch.compiler.is_compiling():
+            return None
+        lr = torch.as_tensor(lr, dtype=torch.float64)
+    return torch.isfinite(lr) & (lr >= 0)
 
 
 def all_finite(vectors: Sequence[torch.Tensor], products: Sequence[torch.Tensor]) -> torch.Tensor:

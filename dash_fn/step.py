@@ -15,7 +15,7 @@ from tensordict import TensorDict
 from .config import DashConfig
 from .distributed.fsdp import like, to_local
 from .forms import DeviceForms, forms_for
-from .guard import Guard, announce_skip
+from .guard import Guard, announce_skip, lr_in_range
 from .inputs import check_step_inputs, flatten, order_like_plan, rebuild
 from .plan import ADAMW, EMPTY, SEGMENTS, Plan
 from .roots import refresh_roots
@@ -70,7 +70,10 @@ def step(params, grads, state: TensorDict, *, lr, refresh: bool | None = None):
         params: the current parameters by name, as given to ``init``.
         grads: their gradients, the same names, shapes, dtypes and device.
         state: the state from ``init`` (or from the previous step); updated in place.
-        lr: the learning rate, a float or a 0-d tensor.
+        lr: the learning rate, a float or a 0-d floating tensor. A tensor's value is checked
+            where it lives, without a host read: a step whose tensor lr is NaN, infinite or
+            negative changes nothing and is counted in ``state["skipped"]``, as a step with a
+            non-finite gradient is (whatever ``skip_nonfinite`` says).
         refresh: the periodic schedule's flag (``is_refresh_step``); None under the staggered
             one, or its warm-up flag where it has a warm-up.
 
@@ -81,8 +84,9 @@ def step(params, grads, state: TensorDict, *, lr, refresh: bool | None = None):
     Raises:
         TypeError: ``params``, ``grads`` or ``state`` is not of the kinds above, or ``refresh``
             is neither None nor a bool.
-        ValueError: a name, shape, dtype or device differs from the state's, ``lr`` is not a
-            finite number >= 0 or a 0-d floating tensor, or ``refresh`` does not fit the schedule.
+        ValueError: a name, shape, dtype or device differs from the state's, ``lr`` is a
+            float that is not a finite number >= 0 or is neither a float nor a 0-d floating
+            tensor, or ``refresh`` does not fit the schedule.
     """
     if not isinstance(state, TensorDict) or "plan" not in state.keys():
         raise TypeError("step: state must be the TensorDict returned by dash_fn.init")
@@ -139,12 +143,12 @@ def _apply(
 ) -> list:
     """docs/ALGORITHM.md section 4 on this rank's blocks (``shard.local``): b-h, the directions
     brought to the parameters' rows (:mod:`dash_fn.distributed`), then a, i and j. Under the
-    non-finite guard (:mod:`dash_fn.guard`) a step that is not all finite changes nothing but
-    the roots of a refresh step."""
+    non-finite guard (:mod:`dash_fn.guard`) a step that is not all finite, or whose tensor
+    ``lr`` is not a finite number >= 0, changes nothing but the roots of a refresh step."""
     local = shard.local
     blocks = shard.gradient_blocks(plan, grads)
     vectors = [x for p, x in zip(local.params, grads) if p.kind == ADAMW]
-    products, guard = forms.products_and_guard(config, shard, vectors, blocks)
+    products, guard = forms.products_and_guard(config, shard, vectors, blocks, lr_in_range(lr))
     if guard.skipped:  # known on the host: nothing changes
         state["skipped"].add_(1)
         announce_skip(int(state["skipped"]))
@@ -433,7 +437,7 @@ def _momentum(ctx: _Step, M: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
     """Heavy-ball momentum (h): M <- mu M + P; Nesterov returns P + mu M."""
     mu = ctx.config.mu
     M.mul_(ctx.guard.decay(mu, M.dtype)).add_(ctx.guard.masked(P, -0.0))
-    return P + mu * M if ctx.config.nesterov else M.clone()
+    return P + mu * M if ctx.config.nesterov is not False else M.clone()  # None: Nesterov's
 
 
 def _update_params(ctx: _Step, params, grads, updates, lr) -> list[torch.Tensor]:

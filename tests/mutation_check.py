@@ -184,7 +184,7 @@ MUTATIONS = [
     Mutation(
         "step: Nesterov ignored",
         "dash_fn/step.py",
-        "return P + mu * M if ctx.config.nesterov else M.clone()",
+        "return P + mu * M if ctx.config.nesterov is not False else M.clone()",
         "return M.clone()",
         ("tests/test_reference_agreement.py", "-k", "freq3 and B8"),
     ),
@@ -615,6 +615,27 @@ MUTATIONS = [
         "if due is not None and not bool(due.any()):",
         "if due is not None:",
         ("tests/test_staggered.py", "-k", "trains_alike and eigh"),
+    ),
+    Mutation(
+        "guard: a negative tensor lr let through",
+        "dash_fn/guard.py",
+        "return torch.isfinite(lr) & (lr >= 0)",
+        "return torch.isfinite(lr)",
+        ("tests/test_nonfinite.py", "-k", "bad_tensor_lr"),
+    ),
+    Mutation(
+        "guard: the lr's check left out of the device form's mask (compiled, accelerator)",
+        "dash_fn/forms.py",
+        "checks = [lr_ok] if lr_ok is not None else []",
+        "checks = []",
+        ("tests/test_nonfinite.py", "-k", "compiled_step_skips"),
+    ),
+    Mutation(
+        "guard: a bad tensor lr not checked on the host (eager on the CPU)",
+        "dash_fn/forms.py",
+        "if lr_ok is not None and not bool(shard.all_ranks(lr_ok)):",
+        "if False:",
+        ("tests/test_nonfinite.py", "-k", "bad_tensor_lr"),
     ),
     Mutation(
         "guard: a skip known on the host goes unheard",

@@ -29,19 +29,22 @@ FAULTS = {  # what spoils one parameter's gradient
 }
 
 
-def run(faulty_step=None, fault=None, step=dash_fn.step, config=CONFIG, steps=6, where="rect"):
-    """Steps 1..steps with deterministic gradients; ``faulty_step`` gets a spoiled gradient
-    (of parameter ``where``) inserted before it (so a skipping run takes steps + 1 calls)."""
+def run(
+    faulty_step=None, fault=None, step=dash_fn.step, config=CONFIG, steps=6, where="rect", bad_lr=None, lr=torch.tensor
+):
+    """Steps 1..steps with deterministic gradients and learning rates ``lr(0.01)``;
+    ``faulty_step`` gets a step inserted before it with a spoiled gradient (of parameter
+    ``where``) or the learning rate ``lr(bad_lr)`` (so a skipping run takes steps + 1 calls)."""
     params = mixed_params()
     state = dash_fn.init(params, config)
     for t in range(1, steps + 1):
+        refresh = dash_fn.is_refresh_step(config, t)
         if t == faulty_step:
             bad = random_grads(params, 100)
-            FAULTS[fault](bad[where])
-            params, state = step(params, bad, state, lr=torch.tensor(1e-2), refresh=dash_fn.is_refresh_step(config, t))
-        params, state = step(
-            params, random_grads(params, t), state, lr=torch.tensor(1e-2), refresh=dash_fn.is_refresh_step(config, t)
-        )
+            if fault is not None:
+                FAULTS[fault](bad[where])
+            params, state = step(params, bad, state, lr=lr(0.01 if bad_lr is None else bad_lr), refresh=refresh)
+        params, state = step(params, random_grads(params, t), state, lr=lr(0.01), refresh=refresh)
     return params, state
 
 
@@ -53,6 +56,22 @@ def test_a_bad_step_changes_nothing(fault):
     for name in clean:
         assert torch.equal(params[name], clean[name]), name
     assert int(state["skipped"]) == 1 and int(clean_state["skipped"]) == 0
+    state["skipped"].zero_()
+    assert_equal_states(state, clean_state)
+
+
+@pytest.mark.parametrize("skip_nonfinite", [True, False])
+@pytest.mark.parametrize("bad_lr", [math.nan, math.inf, -0.01])
+def test_a_bad_tensor_lr_changes_nothing(bad_lr, skip_nonfinite):
+    """A tensor lr that is NaN, infinite or negative (a schedule gone wrong) is checked where it
+    lives, without a host read: the step changes nothing and is counted as skipped, whatever
+    skip_nonfinite says, and the run equals the one without it, bitwise."""
+    config = CONFIG.replace(skip_nonfinite=skip_nonfinite)
+    clean, clean_state = run(config=config)
+    params, state = run(faulty_step=3, bad_lr=bad_lr, config=config)
+    for name in clean:
+        assert torch.equal(params[name], clean[name]), name
+    assert int(state["skipped"]) == 1
     state["skipped"].zero_()
     assert_equal_states(state, clean_state)
 
@@ -128,14 +147,20 @@ def test_the_skipped_step_itself_leaves_params_and_state_bitwise(refresh):
 
 
 def test_compiled_step_skips_on_the_device_without_recompiling():
+    """A NaN gradient, and a NaN or negative lr, skipped inside the compiled step: the tensor
+    lr's runs make two graphs (plain and refresh steps); a float lr, which Dynamo traces as a
+    symbol whose value the host never sees, is checked in the graph too."""
     step = torch.compile(dash_fn.step, fullgraph=True, backend="aot_eager")
-    counters.clear()
-    clean, clean_state = run(step=step)
-    params, state = run(faulty_step=4, fault="nan", step=step)
-    assert counters["stats"]["unique_graphs"] == 2  # plain and refresh steps
-    for name in clean:
-        assert torch.equal(params[name], clean[name]), name
-    assert int(state["skipped"]) == 1
+    for lr in (torch.tensor, float):
+        counters.clear()
+        clean, _ = run(step=step, lr=lr)
+        for bad in ({"fault": "nan"}, {"bad_lr": math.nan}, {"bad_lr": -0.01}):
+            params, state = run(faulty_step=4, step=step, lr=lr, **bad)
+            for name in clean:
+                assert torch.equal(params[name], clean[name]), (lr, bad, name)
+            assert int(state["skipped"]) == 1
+        if lr is torch.tensor:
+            assert counters["stats"]["unique_graphs"] == 2
 
 
 def adapter_run(values, faulty_call, compile=False, steps=5):

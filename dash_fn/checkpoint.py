@@ -336,16 +336,25 @@ def load_state(path, *, params=None, config: DashConfig | None = None, device=No
 # --- config and layout -----------------------------------------------------------------------------
 
 
+def settled_nesterov(fields: Mapping) -> dict:
+    """Config fields saved when ``nesterov`` was a bool beside ``mu = 0`` (its default was
+    True, which changed nothing there): None, what it is now, as the run computed."""
+    if fields.get("mu") == 0 and isinstance(fields.get("nesterov"), bool):
+        return {**fields, "nesterov": None}
+    return dict(fields)
+
+
 def read_config(fields, where: str) -> DashConfig:
     """The DashConfig of saved fields: every field present, none unknown. A file written before
     ``precision`` replaced ``matmul_dtype`` (which rounded the matmul solvers' operands only)
     loads with that dtype as its precision, which now covers every large product; one written
-    before ``inv_root_warmup`` loads without a warm-up, as it ran."""
+    before ``inv_root_warmup`` loads without a warm-up, as it ran; one written while ``nesterov``
+    was a bool beside ``mu = 0`` loads with None (:func:`settled_nesterov`)."""
     if not isinstance(fields, Mapping):
         raise ValueError(f"{where}: 'config' must be a dict of DashConfig fields, got {type(fields).__name__}")
     if "matmul_dtype" in fields and "precision" not in fields:
         fields = {**{k: v for k, v in fields.items() if k != "matmul_dtype"}, "precision": fields["matmul_dtype"]}
-    fields = {"inv_root_warmup": 0, **fields}
+    fields = settled_nesterov({"inv_root_warmup": 0, **fields})
     for name in fields:
         if name not in CONFIG_FIELDS:
             raise ValueError(f"{where}: config has unknown field {name!r} (written by another dash_fn version?)")

@@ -10,6 +10,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from .foreign import unknown_option_message
+
 SOLVERS = ("eigh", "cn", "ndb", "chebyshev", "qr", "auto")
 BASIS_SOLVERS = ("eigh", "qr")  # what preconditioner="eigenvalue_corrected" computes eigenbases with
 PRECONDITIONERS = ("shampoo", "eigenvalue_corrected")
@@ -124,7 +126,9 @@ class DashConfig:
           there is no EMA to look ahead of, and the gradient is preconditioned either way.
         - ``bias_correction`` = True: bias-correct the gradient EMA and the grafting moment.
         - ``mu`` = 0.0, in [0, 1): momentum on the grafted directions (0: none, no state).
-        - ``nesterov`` = True: Nesterov form of that momentum.
+        - ``nesterov`` = None: the form of that momentum: None is Nesterov's wherever
+          ``mu > 0``; True or False chooses, and needs ``mu > 0`` (with ``mu = 0`` it would
+          change nothing, so it is refused).
 
     Decay:
         - ``weight_decay`` = 0.0, >= 0: decoupled weight decay (as torch.optim.AdamW) of
@@ -233,7 +237,7 @@ class DashConfig:
     nesterov_G: bool = True
     bias_correction: bool = True
     mu: float = 0.0
-    nesterov: bool = True
+    nesterov: bool | None = None  # None: the Nesterov form wherever mu > 0; a bool needs mu > 0
     weight_decay: float = 0.0
     weight_decay_1d: float | None = None  # None: vectors decay with weight_decay, as in torch.optim
     thin_ratio: float = 4.0
@@ -249,6 +253,15 @@ class DashConfig:
     grad_ema_dtype: str | None = None
     graft_dtype: str | None = None
     skip_nonfinite: bool = True  # a step with a NaN/Inf gradient (or an overflowing factor product) changes nothing
+
+    def __new__(cls, *args, **fields):
+        # an unknown keyword gets one short line (another optimizer's option: DASH's
+        # equivalent; a misspelling: the nearest field) before the dataclass's __init__ would
+        # answer with the list of every field
+        unknown = set(fields) - set(FIELDS)
+        if unknown:
+            raise TypeError(unknown_option_message("DashConfig", unknown, FIELDS, "its fields are in help(DashConfig)"))
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         _check_int(self, "block_size", 1)
@@ -292,9 +305,17 @@ class DashConfig:
         _check_float(self, "beta_LR", 0.0, 1.0, "[0, 1]")
         if self.mu >= 1.0:
             raise ValueError(f"DashConfig.mu must be in [0, 1), got {self.mu!r}")
-        for name in ("cn_masking", "ndb_masking", "bias_correction", "nesterov", "nesterov_G", "skip_nonfinite"):
+        for name in ("cn_masking", "ndb_masking", "bias_correction", "nesterov_G", "skip_nonfinite"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"DashConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        if self.nesterov is not None and not isinstance(self.nesterov, bool):
+            raise ValueError(f"DashConfig.nesterov must be None or a bool, got {self.nesterov!r}")
+        if self.nesterov is not None and self.mu == 0:
+            raise ValueError(
+                f"DashConfig: nesterov={self.nesterov} chooses the form of the heavy-ball momentum mu, which is 0, so "
+                "it would change nothing: set mu > 0 with it (e.g. mu=0.9), or leave nesterov out. (Muon's and SGD's "
+                "Nesterov momentum is DASH's nesterov_G, the look-ahead of the gradient EMA beta_G, on by default)"
+            )
         check_solver_options(self, self.solver)
 
     def replace(self, **changes) -> DashConfig:
@@ -375,6 +396,9 @@ class DashConfig:
             ValueError: a value outside its field's range.
         """
         return cls(**{"inv_root_freq": 3, **changes})
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(DashConfig))
 
 
 def check_solver_options(config: DashConfig, solver: str) -> None:

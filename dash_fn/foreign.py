@@ -3,7 +3,8 @@ torch.optim.AdamW, Muon or Distributed Shampoo gets for a keyword DASH does not 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import difflib
+from collections.abc import Iterable, Sequence
 
 # name -> (whose name it is, DASH's equivalent or why there is none)
 FOREIGN: dict[str, tuple[str, str]] = {
@@ -49,13 +50,16 @@ FOREIGN: dict[str, tuple[str, str]] = {
 }
 
 
-def unknown_option_message(where: str, names: Iterable[str], known: str) -> str:
-    """What ``where`` says of its unknown options ``names``: the first that is another
-    optimizer's gets DASH's equivalent; else the first is named beside ``known``, the list of
-    what DASH takes."""
+def unknown_option_message(where: str, names: Iterable[str], known: Sequence[str], listed: str) -> str:
+    """What ``where`` says of its unknown options ``names``, in one short line: the first that
+    is another optimizer's gets DASH's equivalent; else the first gets the nearest of ``known``
+    (a misspelling) or, with none near, ``listed``: where the options are described."""
     names = sorted(names)
     foreign = [name for name in names if name in FOREIGN]
     if foreign:
         owner, instead = FOREIGN[foreign[0]]
         return f"{where} got {foreign[0]}=, which is {owner} option: {instead}"
-    return f"{where} got unknown option {names[0]!r}; {known}"
+    near = difflib.get_close_matches(names[0], known, n=1)
+    if near:
+        return f"{where} got unknown option {names[0]!r}; did you mean {near[0]!r}?"
+    return f"{where} got unknown option {names[0]!r}; {listed}"

@@ -32,10 +32,10 @@ from numbers import Real
 
 import torch
 
-from .checkpoint import CONFIG_FIELDS, check_layout, load_param_entries, param_entries, with_config
+from .checkpoint import CONFIG_FIELDS, check_layout, load_param_entries, param_entries, settled_nesterov, with_config
 from .config import DashConfig
 from .distributed import process_group_info
-from .foreign import unknown_option_message
+from .foreign import FOREIGN, unknown_option_message
 from .plan import ADAMW
 from .roots import resolve_solver
 from .schedule import is_refresh_step
@@ -119,17 +119,20 @@ class DASH(torch.optim.Optimizer):
     ):
         unknown = set(config_fields) - set(CONFIG_FIELDS)
         if unknown:
-            known = f"its options are lr, compile and the DashConfig fields {CONFIG_FIELDS}"
-            raise TypeError(unknown_option_message("DASH", unknown, known))
+            listed = "its options are lr, compile, process_group and the fields of help(dash_fn.DashConfig)"
+            raise TypeError(
+                unknown_option_message("DASH", unknown, ("lr", "compile", "process_group", *CONFIG_FIELDS), listed)
+            )
         if not isinstance(compile, (bool, Mapping)):
             raise TypeError(
                 f"DASH: compile must be a bool or a dict of torch.compile arguments, got {type(compile).__name__}"
             )
         _check_lr(lr, "DASH")  # before the base class looks at params, as torch.optim's optimizers do
         _warn_if_adam_eps(config_fields, "DASH")
-        # "momentum": None only so that a scheduler that cycles momentum by default (OneCycleLR,
-        # CyclicLR) takes DASH and its first step says what to pass (_check_no_cycled_momentum)
-        defaults = {"lr": lr, **dataclasses.asdict(DashConfig(**config_fields)), "momentum": None}
+        # no "momentum" (nor "betas") among the defaults: a scheduler that cycles momentum by
+        # default (OneCycleLR, CyclicLR) then refuses DASH at its construction, naming
+        # cycle_momentum, instead of changing a key DASH never reads
+        defaults = {"lr": lr, **dataclasses.asdict(DashConfig(**config_fields))}
         self._compile = dict(compile) if isinstance(compile, Mapping) else compile
         self._compiled_steps: dict[tuple[bool | None, str], Callable] = {}
         process_group_info(process_group)  # a bad group fails here, not at the first step
@@ -154,7 +157,8 @@ class DASH(torch.optim.Optimizer):
             raise TypeError(f"param group must be a dict, got {type(param_group).__name__}")
         unknown = set(param_group) - set(GROUP_KEYS)
         if unknown:
-            raise TypeError(unknown_option_message("param group", unknown, f"the keys DASH knows are {GROUP_KEYS}"))
+            listed = "a group takes params, param_names, lr, batch_dims and the fields of help(dash_fn.DashConfig)"
+            raise TypeError(unknown_option_message("param group", unknown, GROUP_KEYS, listed))
         merged = {**self.defaults, **param_group}
         _check_lr(merged["lr"], "param group")
         _warn_if_adam_eps(param_group, "param group")
@@ -208,7 +212,6 @@ class DASH(torch.optim.Optimizer):
             return
         if any(g is not None and g.is_sparse for g in grads):
             raise RuntimeError(f"{where}: DASH does not support sparse gradients")
-        _check_no_cycled_momentum(group, where)
         config = group_config(group, where)
         lr = group["lr"]
         _check_lr(lr, where)
@@ -270,8 +273,9 @@ class DASH(torch.optim.Optimizer):
                     "DASH(compile=...): the first step compiles the optimizer step (torch.compile, "
                     "fullgraph=True), which can take a minute on a cold cache; later steps reuse it.%s "
                     "Silence this with logging.getLogger('dash_fn').setLevel(logging.ERROR).",
-                    " On a CPU the compiled step gains little or nothing over the eager one (benchmarks/RESULTS.md, "
-                    "'compile=True on a CPU'): compile pays off on accelerators."
+                    " On a CPU whether it pays depends on the model (benchmarks/RESULTS.md, 'Where compiling pays "
+                    "on a CPU': faster for tiny and for wide layers, slower for small transformers): time both on "
+                    "yours. On accelerators the compiled step is the fast one."
                     if on_cpu
                     else "",
                 )
@@ -332,12 +336,16 @@ class DASH(torch.optim.Optimizer):
         whether ``beta_G`` and ``mu`` are zero). Everything is checked and every state built
         before anything is replaced, so an error (``ValueError`` naming the first mismatch)
         leaves the optimizer as it was. The states never share memory with ``state_dict``.
+        Another optimizer's state_dict (a group holding ``betas``, ``amsgrad``, ``foreach``,
+        Muon's or Distributed Shampoo's options...) is refused, with state or without: its
+        ``eps`` and ``weight_decay`` would mean something else here.
 
         Args:
             state_dict: a dict made by ``state_dict()`` (possibly loaded from a file).
 
         Raises:
-            ValueError: the dict does not fit this optimizer (groups, parameters, layout).
+            ValueError: the dict does not fit this optimizer (groups, parameters, layout), or
+                is another optimizer's.
         """
         state_dict = dict(state_dict)
         for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
@@ -375,6 +383,7 @@ class DASH(torch.optim.Optimizer):
                 "as DASH.state_dict() returns"
             )
         saved_groups = deepcopy(state_dict["param_groups"])
+        _refuse_foreign_groups(saved_groups)
         if len(saved_groups) != len(self.param_groups):
             raise ValueError(
                 f"load_state_dict: the checkpoint has {len(saved_groups)} param groups, "
@@ -392,7 +401,9 @@ class DASH(torch.optim.Optimizer):
                 )
             # keys the checkpoint's group lacks keep this group's values (torch.optim's rule for keys
             # added since, e.g. foreach)
-            new_group = {**group, **{k: v for k, v in saved.items() if k != "params"}, "params": params}
+            new_group = settled_nesterov(
+                {**group, **{k: v for k, v in saved.items() if k != "params"}, "params": params}
+            )
             config = group_config(new_group, where)
             _check_lr(new_group["lr"], where)
             check_layout(config, group_config(group, where), where)
@@ -409,6 +420,24 @@ class DASH(torch.optim.Optimizer):
                 "optimizer (a state dict of another optimizer?)"
             )
         return groups, entries, others
+
+
+def _refuse_foreign_groups(groups: list) -> None:
+    """Raise ValueError on a group that holds another optimizer's options: it would bring its
+    ``eps`` and ``weight_decay``, which mean something else here (a fresh AdamW's state_dict
+    holds no state, so nothing else would tell)."""
+    for index, group in enumerate(groups):
+        if not isinstance(group, Mapping):
+            continue
+        # (momentum=None: DASH's own groups held it once, for the schedulers that cycle momentum)
+        foreign = sorted(k for k in group if k in FOREIGN and not (k == "momentum" and group[k] is None))
+        if foreign:
+            raise ValueError(
+                f"load_state_dict: param_groups[{index}] holds {', '.join(foreign)}: the state_dict of another "
+                f"optimizer ({foreign[0]} is {FOREIGN[foreign[0]][0]} option), whose eps and weight_decay would "
+                "mean something else here (DASH's eps is Shampoo's damping); load a DASH state_dict, or only the "
+                "model's weights"
+            )
 
 
 def _step_into(values: dict, grads: dict, state, lr, refresh: bool | None):
@@ -536,17 +565,6 @@ def _check_lr(lr, where: str) -> None:
             raise ValueError(f"{where}: a tensor lr must be floating point, got dtype {lr.dtype}")
     elif not isinstance(lr, Real) or isinstance(lr, bool) or not math.isfinite(lr) or lr < 0:
         raise ValueError(f"{where}: lr must be a finite number >= 0 or a 1-element tensor, got {lr!r}")
-
-
-def _check_no_cycled_momentum(group: Mapping, where: str) -> None:
-    """A group's ``momentum`` is None unless a scheduler set it: OneCycleLR and CyclicLR cycle
-    momentum by default, which DASH cannot follow (its config is fixed per compiled step)."""
-    if group.get("momentum") is not None:
-        raise ValueError(
-            f"{where}: momentum={group['momentum']!r} was set, most likely by a scheduler that cycles momentum "
-            "(OneCycleLR and CyclicLR do by default): DASH has no momentum to cycle (its heavy-ball mu and "
-            "gradient EMA beta_G are fixed per group); create the scheduler with cycle_momentum=False"
-        )
 
 
 def _warn_if_adam_eps(options: Mapping, where: str) -> None:

@@ -270,7 +270,7 @@ class ReferenceDash:
                     P = rotate(blk, (rotate(blk, momentum) / cG) / (c.eps_graft + (blk["A"] / cA).sqrt()), back=True)
                     if c.mu > 0:
                         blk["M"] = c.mu * blk["M"] + P
-                        P = P + c.mu * blk["M"] if c.nesterov else blk["M"]
+                        P = P + c.mu * blk["M"] if c.nesterov is not False else blk["M"]  # None: Nesterov
                     new_view[r0:r1, c0:c1] = new_view[r0:r1, c0:c1] - lr * P
                     continue
                 D = (momentum / cG) / (c.eps_graft + (blk["A"] / cA).sqrt())
@@ -298,7 +298,7 @@ class ReferenceDash:
                     P = n * U / (norm(U) + 1e-16)
                 if c.mu > 0:
                     blk["M"] = c.mu * blk["M"] + P
-                    P = P + c.mu * blk["M"] if c.nesterov else blk["M"]
+                    P = P + c.mu * blk["M"] if c.nesterov is not False else blk["M"]  # None: Nesterov
                 new_view[r0:r1, c0:c1] = new_view[r0:r1, c0:c1] - lr * P
             out[name] = new_view.reshape(W.shape).to(W.dtype)
         return out

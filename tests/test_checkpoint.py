@@ -331,3 +331,34 @@ def test_a_saved_config_lacking_a_field_is_refused(tmp_path):
     torch.save(blob, tmp_path / "old.pt")
     with pytest.raises(ValueError, match="config lacks field 'thin_ratio'"):
         dash_fn.load_state(tmp_path / "old.pt", params=params)
+
+
+@pytest.mark.parametrize("steps", [0, 1], ids=["fresh", "stepped"])
+def test_another_optimizers_state_dict_is_refused_with_or_without_state(stepped, steps):
+    """A torch.optim.AdamW state_dict, fresh (no state: nothing but its group's keys tells)
+    or stepped, and an SGD one: refused before anything changes, naming the foreign keys,
+    so that AdamW's eps (1e-8) never becomes Shampoo's damping nor its weight_decay ours."""
+    params, opt, _ = stepped
+    groups = [{"params": group["params"]} for group in opt.param_groups]
+    for other in (torch.optim.AdamW(groups), torch.optim.SGD(groups, lr=0.1, momentum=0.9, nesterov=True)):
+        for _ in range(steps):
+            for p in params.values():
+                p.grad = torch.ones_like(p)
+            other.step()
+        rejects(opt, other.state_dict(), r"param_groups\[0\] holds .*: the state_dict of another optimizer")
+
+
+def test_a_state_dict_saved_with_nesterov_beside_no_momentum_loads():
+    """Before nesterov took None it defaulted to True, which changed nothing with mu = 0; such
+    saved configs load (adapter and functional) as None, the same steps."""
+    params = parameters()
+    opt, _ = make_optimizer(params, solver="eigh", mu=0.0)
+    state_dict = opt.state_dict()
+    for group in state_dict["param_groups"]:
+        group["nesterov"] = True
+    opt.load_state_dict(state_dict)
+    assert [group["nesterov"] for group in opt.param_groups] == [None, None]
+    state = dash_fn.init(model_values(), dash_fn.DashConfig(block_size=16, solver="eigh"))
+    saved = dash_fn.state_to_dict(state)
+    saved["config"]["nesterov"] = True
+    assert dash_fn.state_from_dict(state, saved)["config"].nesterov is None

@@ -60,7 +60,7 @@ BAD = [
     ("weight_decay_1d", "0.1"),
     ("cn_masking", 1),
     ("bias_correction", "yes"),
-    ("nesterov", None),
+    ("nesterov", "yes"),
     ("eps_power_iter", -1e-6),
     ("ndb_tol", 0.0),
     ("ndb_masking", "no"),
@@ -87,6 +87,7 @@ BOUNDARY = [
     ("start_prec_step", math.inf),
     ("eps", 0.0),
     ("weight_decay_1d", None),
+    ("nesterov", None),
     ("weight_decay_1d", 0.0),
     ("block_size", 1),
     ("newton_steps", 1),
@@ -179,3 +180,55 @@ def test_every_field_has_a_bad_value_case():
 @pytest.mark.parametrize("field, value", BOUNDARY, ids=[f"{f}={v!r}" for f, v in BOUNDARY])
 def test_boundary_values_are_accepted(field, value):
     assert getattr(dash_fn.DashConfig(**{field: value}), field) == value
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_nesterov_without_momentum_is_refused(nesterov):
+    """``nesterov`` chooses the form of mu's momentum: with mu = 0 it would change nothing, so
+    setting it is refused in a message that names mu and nesterov_G (Muon's Nesterov)."""
+    with pytest.raises(ValueError, match=r"nesterov=\w+ chooses the form of .* mu, which is 0.*mu > 0.*nesterov_G"):
+        dash_fn.DashConfig(nesterov=nesterov)
+    assert dash_fn.DashConfig(nesterov=nesterov, mu=0.9).nesterov is nesterov
+
+
+def test_unset_nesterov_is_nesterovs_momentum_wherever_mu_is_set():
+    """None (the default) steps as nesterov=True does where mu > 0, bitwise, and not as False."""
+    params = {"w": torch.randn(12, 8, generator=torch.Generator().manual_seed(0))}
+
+    def run(**fields):
+        config = dash_fn.DashConfig(block_size=8, solver="eigh", mu=0.9, **fields)
+        values, state = dict(params), dash_fn.init(params, config)
+        for t in range(3):
+            grads = {"w": torch.randn(12, 8, generator=torch.Generator().manual_seed(t + 1))}
+            values, state = dash_fn.step(values, grads, state, lr=0.1)
+        return values["w"]
+
+    unset = run()
+    assert torch.equal(unset, run(nesterov=True)) and not torch.equal(unset, run(nesterov=False))
+
+
+@pytest.mark.parametrize(
+    "name, equivalent",
+    [("betas", "beta_G"), ("momentum", "mu"), ("max_preconditioner_dim", "block_size=")],
+)
+def test_another_optimizers_keyword_gets_dashs_equivalent(name, equivalent):
+    """DashConfig answers a keyword ported from AdamW, Muon or Distributed Shampoo as the adapter
+    does: one short line naming DASH's equivalent, not the dataclass's error."""
+    with pytest.raises(TypeError) as error:
+        dash_fn.DashConfig(**{name: 0.9})
+    message = str(error.value)
+    assert message.startswith(f"DashConfig got {name}=, which is ") and equivalent in message
+    assert "\n" not in message and len(message) < 400
+
+
+@pytest.mark.parametrize("where", ["DashConfig", "DASH"])
+def test_a_misspelt_field_gets_did_you_mean_in_one_short_line(where):
+    make = dash_fn.DashConfig if where == "DashConfig" else lambda **kw: dash_fn.DASH([torch.zeros(2, 2)], **kw)
+    with pytest.raises(TypeError) as error:
+        make(blok_size=128)
+    assert str(error.value) == f"{where} got unknown option 'blok_size'; did you mean 'block_size'?"
+    with pytest.raises(TypeError) as error:  # nothing near: where the fields are described
+        make(zzz=1)
+    message = str(error.value)
+    assert message.startswith(f"{where} got unknown option 'zzz'; ") and "help(" in message
+    assert len(message) < 200

@@ -72,7 +72,8 @@ CHECK_TESTS := tests/test_reference_agreement.py tests/test_adam_oracle.py tests
 	tests/test_grafting.py tests/test_storage.py tests/test_plan.py tests/test_schedule.py tests/test_config.py \
 	tests/test_errors.py tests/test_api.py tests/test_compile_step.py tests/test_checkpoint.py \
 	tests/test_nonfinite.py tests/test_optim.py \
-	"tests/test_distributed.py::test_every_rank_equals_one_process_bitwise[3-eigh]"
+	"tests/test_distributed.py::test_every_rank_equals_one_process_bitwise[3-eigh]" \
+	tests/test_examples.py::test_progress_bars_print_plain_lines_off_a_terminal
 
 check: venv-dev
 	@start=$$(date +%s); \

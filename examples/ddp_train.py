@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import dash_fn  # noqa: E402
 from compiled_step import lr_at  # noqa: E402
 from llama import Llama, LlamaConfig  # noqa: E402
-from train_lm import batch_at, stdlib_corpus  # noqa: E402
+from train_lm import batch_at, progress_bar, stdlib_corpus  # noqa: E402
 
 
 def state_bytes(opt: dash_fn.DASH) -> int:
@@ -103,10 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     train_data, val_data = stdlib_corpus(args.corpus_bytes)
 
     steps = range(1, args.steps + 1)
-    if rank == 0 and not args.no_progress:
-        from tqdm import tqdm
-
-        steps = tqdm(steps, desc=f"DASH on {world_size} rank(s)")
+    steps = progress_bar(steps, desc=f"DASH on {world_size} rank(s)", enabled=rank == 0 and not args.no_progress)
     wall = 0.0
     for t in steps:
         tokens = batch_at(train_data, t, args.batch, args.context, seed=rank).to(device)
@@ -120,8 +117,7 @@ def main(argv: list[str] | None = None) -> None:
         loss = loss.item()
         if t > 1:  # the first step builds the state
             wall += time.perf_counter() - start
-        if hasattr(steps, "set_postfix"):
-            steps.set_postfix(loss=f"{loss:.3f}", ms=f"{1e3 * wall / max(1, t - 1):.0f}")
+        steps.set_postfix(loss=f"{loss:.3f}", ms=f"{1e3 * wall / max(1, t - 1):.0f}")
 
     with torch.no_grad():
         val = (

@@ -36,7 +36,7 @@ import dash_fn  # noqa: E402
 from compiled_step import lr_at  # noqa: E402
 from ddp_train import next_byte_loss, state_bytes  # noqa: E402
 from llama import Llama, LlamaConfig  # noqa: E402
-from train_lm import batch_at, stdlib_corpus  # noqa: E402
+from train_lm import batch_at, progress_bar, stdlib_corpus  # noqa: E402
 
 
 def save(directory: str, t: int, model, opt) -> str:
@@ -121,10 +121,13 @@ def main(argv: list[str] | None = None) -> None:
     train_data, val_data = stdlib_corpus(args.corpus_bytes)
 
     steps = range(start + 1, args.steps + 1)
-    if rank == 0 and not args.no_progress:
-        from tqdm import tqdm
-
-        steps = tqdm(steps, desc=f"DASH + FSDP2 on {world_size} rank(s)", initial=start, total=args.steps)
+    steps = progress_bar(
+        steps,
+        desc=f"DASH + FSDP2 on {world_size} rank(s)",
+        initial=start,
+        total=args.steps,
+        enabled=rank == 0 and not args.no_progress,
+    )
     wall, timed, written = 0.0, 0, None
     for t in steps:
         tokens = batch_at(train_data, t, args.batch, args.context, seed=0).chunk(world_size)[rank].to(device)
@@ -138,8 +141,7 @@ def main(argv: list[str] | None = None) -> None:
         loss = loss.item()
         if t > start + 1:  # the first step builds the state
             wall, timed = wall + time.perf_counter() - began, timed + 1
-        if hasattr(steps, "set_postfix"):
-            steps.set_postfix(loss=f"{loss:.3f}", ms=f"{1e3 * wall / max(1, timed):.0f}")
+        steps.set_postfix(loss=f"{loss:.3f}", ms=f"{1e3 * wall / max(1, timed):.0f}")
         if args.checkpoint_dir and (t == args.steps or (args.checkpoint_every and t % args.checkpoint_every == 0)):
             written = save(args.checkpoint_dir, t, model, opt)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib
 import json
 import math
@@ -559,10 +560,7 @@ def _main(argv: list[str] | None = None) -> None:
         f"corpus: {len(corpus[0]):,} train bytes, {len(corpus[1]):,} validation bytes; torch {torch.__version__}, "
         f"{args.device}, {torch.get_num_threads()} threads"
     )
-    if args.no_progress:
-        progress = lambda it, **kw: _Silent(it)
-    else:
-        from tqdm import tqdm as progress
+    progress = functools.partial(progress_bar, enabled=not args.no_progress)
     torch._dynamo.config.cache_size_limit = 64  # one graph per (optimizer config, seed's model) is expected
     model = Llama(
         LlamaConfig(
@@ -611,20 +609,38 @@ def _main(argv: list[str] | None = None) -> None:
     print(f"\nwrote {out / 'log.json'}, {out / 'loss.png'}, {out / 'summary.md'}")
 
 
-class _Silent:
-    """A stand-in for a tqdm bar that prints nothing."""
+def progress_bar(iterable, desc: str, enabled: bool = True, **tqdm_options):
+    """A tqdm bar over ``iterable`` on a terminal; where the output is not one (a log file, CI)
+    a plain line at each tenth of the run instead of hundreds of carriage-return redraws; with
+    ``enabled`` False, nothing."""
+    if enabled and sys.stderr.isatty():
+        from tqdm import tqdm
 
-    def __init__(self, iterable):
-        self.iterable = iterable
+        return tqdm(iterable, desc=desc, **tqdm_options)
+    return _PlainProgress(iterable, desc if enabled else None, tqdm_options.get("initial", 0))
+
+
+class _PlainProgress:
+    """A stand-in for a tqdm bar: with a ``desc``, a line on stderr at each tenth of the run
+    (its step and the last postfix; ``initial`` steps were done before, as tqdm's); with None,
+    nothing."""
+
+    def __init__(self, iterable, desc: str | None, initial: int = 0):
+        self.iterable, self.desc, self.initial, self.postfix = iterable, desc, initial, ""
 
     def __iter__(self):
-        return iter(self.iterable)
+        total = self.initial + len(self.iterable)
+        tenths = {max(1, total * k // 10) for k in range(1, 11)} if self.desc is not None else set()
+        for done, item in enumerate(self.iterable, self.initial + 1):
+            yield item
+            if done in tenths:
+                print(f"{self.desc}: {done}/{total} {self.postfix}".rstrip(), file=sys.stderr, flush=True)
 
     def set_postfix(self, **kwargs):
-        pass
+        self.postfix = ", ".join(f"{k}={v}" for k, v in kwargs.items())
 
     def set_postfix_str(self, text: str):
-        pass
+        self.postfix = text
 
 
 if __name__ == "__main__":

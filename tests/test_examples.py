@@ -160,6 +160,19 @@ def test_train_lm_refuses_a_final_lr_outside_0_1():
         train_lm.parse_args(["--final-lr", "1.5"])
 
 
+def test_progress_bars_print_plain_lines_off_a_terminal(capfd):
+    """Where stderr is not a terminal (a log file, CI) the examples' bars print a plain line at
+    each tenth of the run, with the last postfix and no carriage return; disabled, nothing."""
+    bar = train_lm.progress_bar(range(1, 201), desc="run")
+    for t in bar:
+        bar.set_postfix(loss=f"{1 / t:.3f}")
+    for _ in train_lm.progress_bar(range(5), desc="silent", enabled=False):
+        pass
+    lines = capfd.readouterr().err.splitlines()
+    assert lines[0] == "run: 20/200 loss=0.050" and lines[-1] == "run: 200/200 loss=0.005"
+    assert len(lines) == 10 and not any("\r" in line for line in lines)
+
+
 def test_stdlib_corpus_is_deterministic_and_split():
     a_train, a_val = train_lm.stdlib_corpus(300_000)
     b_train, b_val = train_lm.stdlib_corpus(300_000)
@@ -306,6 +319,7 @@ def test_train_lm_progress_bar_says_when_a_step_compiles(monkeypatch, tmp_path):
             events.append(("postfix", fields))
 
     monkeypatch.setattr(tqdm, "tqdm", Bar)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal: the tqdm bar
     with_bar = [a for a in TINY if a != "--no-progress"]
     train_lm.main(["--runs", "dash-eigh@3e-3", *with_bar, "--block-size", "32", "--out", str(tmp_path)])
     notes, t = {}, None

@@ -19,9 +19,8 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = [
+TINY = [  # DASH alone: the race is in the model's backward, which every optimizer's run shares
     "--runs",
-    "adamw@3e-3",
     "dash-eigh@3e-3",
     "--steps",
     "6",
@@ -79,12 +78,12 @@ def train_lm_twice(tmp_path: Path, backend: str) -> list[tuple[list, dict]]:
 
 def assert_bitwise_equal_runs(first, second) -> None:
     (runs_a, params_a), (runs_b, params_b) = first, second
-    assert [r["optimizer"] for r in runs_a] == ["adamw", "dash-eigh"]
+    assert [r["optimizer"] for r in runs_a] == ["dash-eigh"]
     for a, b in zip(runs_a, runs_b, strict=True):
         # JSON floats round-trip exactly, so == is bitwise on the float64 losses
         assert a["train_loss"] == b["train_loss"], (a["optimizer"], a["train_loss"], b["train_loss"])
         assert a["val_loss"] == b["val_loss"], (a["optimizer"], a["val_loss"], b["val_loss"])
-    assert params_a.keys() == params_b.keys() == {"adamw@0.003 seed 0", "dash-eigh@0.003 seed 0"}
+    assert params_a.keys() == params_b.keys() == {"dash-eigh@0.003 seed 0"}
     for run in params_a:
         for name in params_a[run]:
             assert torch.equal(params_a[run][name], params_b[run][name]), (run, name)

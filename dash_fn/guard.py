@@ -63,7 +63,7 @@ def announce_skip(count: int) -> None:
     )
 
 
-def lr_in_range(lr) -> torch.Tensor | None:
+def lr_in_range(lr, device: torch.device) -> torch.Tensor | None:
     """Whether a learning rate that the host has not checked is a finite number >= 0 (0-d
     bool): a tensor (its value lives on the device), or a float that a compiled step traces
     as a symbol. None for a float the host has checked (``dash_fn.inputs``). A step whose lr
@@ -72,7 +72,9 @@ def lr_in_range(lr) -> torch.Tensor | None:
     if not isinstance(lr, torch.Tensor):
         if not torch.compiler.is_compiling():
             return None
-        lr = torch.as_tensor(lr, dtype=torch.float64)
+        # arithmetic with the float, as the update does: Dynamo keeps it an input of the
+        # graph (torch.as_tensor would specialize it: a recompile for every new value)
+        lr = torch.zeros((), dtype=torch.float64, device=device) + lr
     return torch.isfinite(lr) & (lr >= 0)
 
 

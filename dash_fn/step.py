@@ -148,7 +148,7 @@ def _apply(
     local = shard.local
     blocks = shard.gradient_blocks(plan, grads)
     vectors = [x for p, x in zip(local.params, grads) if p.kind == ADAMW]
-    products, guard = forms.products_and_guard(config, shard, vectors, blocks, lr_in_range(lr))
+    products, guard = forms.products_and_guard(config, shard, vectors, blocks, lr_in_range(lr, state["step"].device))
     if guard.skipped:  # known on the host: nothing changes
         state["skipped"].add_(1)
         announce_skip(int(state["skipped"]))

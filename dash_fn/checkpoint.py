@@ -44,7 +44,7 @@ from collections.abc import Mapping
 import torch
 from tensordict import TensorDict
 
-from .config import STORAGE_FIELDS, DashConfig
+from .config import FIELDS, STORAGE_FIELDS, DashConfig
 from .distributed import process_group_info
 from .inputs import flatten
 from .plan import ADAMW
@@ -52,7 +52,7 @@ from .state import CONSTANTS, constants, init, mark_static
 
 FORMAT = "dash_fn.state"
 VERSION = 4
-CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(DashConfig))
+CONFIG_FIELDS = FIELDS
 GROUP_FIELDS = ("A", "Gt", "M")
 
 

@@ -3,9 +3,12 @@
     python benchmarks/step_fingerprint.py save OUT.pt      # at each commit (or worktree)
     python benchmarks/step_fingerprint.py compare A.pt B.pt
 
-``save`` trains eight configs (the default; periodic eigh with refresh read on the host; NDB;
+``save`` trains fifteen configs (the default; periodic eigh with refresh read on the host; NDB;
 coupled Newton with AdaGrad grafting and Nesterov momentum; Chebyshev unguarded without a
-gradient EMA; bfloat16 factors and roots; a late start of preconditioning; factor sums) for 7
+gradient EMA; bfloat16 factors and roots; a late start of preconditioning; factor sums; the
+eigenvalue-corrected preconditioner staggered, periodic with qr bases, and with AdaGrad's moment
+and no gradient EMA; the fixed norms, with heavy-ball momentum and with a late periodic start;
+never preconditioning; a warm-up) for 7
 steps on a small model with a matrix, a thin block, a ragged matrix, an embedding-like
 matrix and a vector, with a NaN gradient at step 4 and gradients scaled by 1e3 at step 5; each
 eagerly, compiled (``aot_eager``) and under the simulated accelerator strategy. It saves every
@@ -15,6 +18,7 @@ parameter and state tensor. ``compare`` reports the entries whose bits differ (e
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 import torch
@@ -33,6 +37,17 @@ CONFIGS = {
     "bf16-storage": dict(factor_dtype="bfloat16", root_dtype="bfloat16", solver="ndb"),
     "start3": dict(start_prec_step=3, inv_root_freq=2),
     "sums": dict(beta_LR=1.0, refresh_schedule="periodic", inv_root_freq=2),
+    "corrected": dict(preconditioner="eigenvalue_corrected", inv_root_freq=2),
+    "corrected-periodic-qr": dict(
+        preconditioner="eigenvalue_corrected", solver="qr", refresh_schedule="periodic", inv_root_freq=2
+    ),
+    "corrected-adagrad-no-ema": dict(preconditioner="eigenvalue_corrected", grafting="adagrad", beta_G=0.0),
+    "rms-heavy-ball": dict(grafting="rms", mu=0.9, nesterov=False, inv_root_freq=3),
+    "spectral-start3-periodic": dict(
+        grafting="spectral", start_prec_step=3, refresh_schedule="periodic", inv_root_freq=2
+    ),
+    "never": dict(start_prec_step=math.inf, grafting="rms"),
+    "warmup": dict(inv_root_warmup=3, inv_root_freq=3),
 }
 MODES = ("eager", "compiled", "accelerator")
 

@@ -13,11 +13,33 @@ from dataclasses import dataclass
 from .foreign import unknown_option_message
 
 SOLVERS = ("eigh", "cn", "ndb", "chebyshev", "qr", "auto")
-BASIS_SOLVERS = ("eigh", "qr")  # what preconditioner="eigenvalue_corrected" computes eigenbases with
-PRECONDITIONERS = ("shampoo", "eigenvalue_corrected")
 SCALINGS = ("fro", "pi", "pim")
 EIGH_HEURISTICS = ("shampoo", "abs", "abs_add", "relu")
 GRAFTINGS = ("adam", "adagrad", "rms", "spectral")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What a preconditioner accepts (its mechanics: :mod:`dash_fn.preconditioners`): the
+    ``solvers`` its refresh takes ("auto" among them), the ``graftings`` that apply, and
+    whether it ``computes_roots`` (then root_order and eps_rel concern it, and each root
+    solver's own constraints apply)."""
+
+    solvers: tuple[str, ...]
+    graftings: tuple[str, ...]
+    computes_roots: bool
+    why_graftings: str = ""
+
+
+PRECONDITIONERS = {
+    "shampoo": Choice(("eigh", "cn", "ndb", "chebyshev", "auto"), GRAFTINGS, computes_roots=True),
+    "eigenvalue_corrected": Choice(
+        ("eigh", "qr", "auto"),
+        ("adam", "adagrad"),
+        computes_roots=False,
+        why_graftings="Adam's second moment in the eigenbasis sets each entry's scale",
+    ),
+}
 ONE_DIM = ("adamw", "shampoo")
 REFRESH_SCHEDULES = ("staggered", "periodic")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -156,8 +178,8 @@ class DashConfig:
           rotations): "float32", "tf32", "bfloat16" or "float16", with float32 accumulation
           and float32 state either way; or "auto", per device and preconditioner: on GPUs
           "float16" for Shampoo's preconditioner and "float32" for the eigenvalue-corrected one
-          (``dash_fn.roots.matmul.AUTO_ACCELERATOR``; CUDA and XPU), "float32" elsewhere, CPUs
-          included (results then differ across hardware by 16-bit rounding). A GPU that
+          (each preconditioner's ``auto_precision``, ``dash_fn.preconditioners``; CUDA and
+          XPU), "float32" elsewhere, CPUs included (results then differ across hardware by 16-bit rounding). A GPU that
           refuses float16 products with float32 results (compute capability below 7.0, ROCm's
           CK BLAS backend, ``allow_fp16_accumulation``, a torch without the kernel) takes
           float32 under "auto", with one notice through the ``dash_fn`` logger, and an
@@ -278,7 +300,7 @@ class DashConfig:
         s = self.start_prec_step
         if not (s == math.inf or (_is_int(s) and s >= 1)):
             raise ValueError(f"DashConfig.start_prec_step must be an integer >= 1 or math.inf, got {s!r}")
-        _check_choice(self, "preconditioner", PRECONDITIONERS)
+        _check_choice(self, "preconditioner", tuple(PRECONDITIONERS))
         _check_choice(self, "solver", SOLVERS)
         _check_choice(self, "refresh_schedule", REFRESH_SCHEDULES)
         _check_choice(self, "scaling", SCALINGS)
@@ -410,20 +432,21 @@ def check_solver_options(config: DashConfig, solver: str) -> None:
 
 
 def _unsupported(config: DashConfig, solver: str) -> str | None:
+    name = config.preconditioner
+    choice = PRECONDITIONERS[name]
+    if solver not in choice.solvers:
+        serves = [other for other, c in PRECONDITIONERS.items() if solver in c.solvers]
+        return f"preconditioner {name!r} takes solver {choice.solvers}, not {solver!r}" + (
+            f" (which serves preconditioner {', '.join(map(repr, serves))})" if serves else ""
+        )
+    if config.grafting not in choice.graftings:
+        return (
+            f"preconditioner {name!r} takes no grafting ({choice.why_graftings}); grafting={config.grafting!r} "
+            f"must be one of {choice.graftings}"
+        )
+    if not choice.computes_roots:
+        return None  # eps_rel and root_order do not apply
     p = config.resolved_root_order
-    if config.preconditioner == "eigenvalue_corrected":
-        if solver not in (*BASIS_SOLVERS, "auto"):
-            return (
-                f"preconditioner 'eigenvalue_corrected' computes eigenbases with {BASIS_SOLVERS}, not solver {solver!r}"
-            )
-        if config.grafting not in ("adam", "adagrad"):
-            return (
-                f"preconditioner 'eigenvalue_corrected' takes no grafting (Adam's second moment in the eigenbasis "
-                f"sets each entry's scale); grafting={config.grafting!r} must be 'adam' (an EMA moment) or 'adagrad'"
-            )
-        return None  # it computes no roots: eps_rel and root_order do not apply
-    if solver == "qr":
-        return "solver 'qr' computes eigenbases, for preconditioner='eigenvalue_corrected'; roots need another"
     if solver == "ndb" and not ndb_serves(p):
         return f"solver 'ndb' takes roots of a power-of-two order (>= 2), not root_order={p}; use eigh, cn or chebyshev"
     if solver == "chebyshev" and config.eps_rel > config.cheb_eps:

@@ -37,7 +37,7 @@ from .config import DashConfig
 from .distributed import process_group_info
 from .foreign import FOREIGN, unknown_option_message
 from .plan import ADAMW
-from .roots import resolve_solver
+from .preconditioners import resolve_solver
 from .schedule import is_refresh_step
 from .state import init
 from .step import step as functional_step

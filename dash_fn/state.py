@@ -17,9 +17,10 @@ from .distributed.fsdp import check_dtensors, row_layout
 from .distributed.layout import Layout, read_layout
 from .inputs import check_params, flatten
 from .plan import Plan, make_plan
-from .roots import prepare, resolve_solver, start_vectors, uses_start_vectors
-from .roots.matmul import AUTO_ACCELERATOR, LOW, device_refusal, has_tensor_cores, products_for
-from .schedule import DUE_BLOCKS_KEY, SCHEDULE_KEY, due_block_tables, stagger_tables, staggers
+from .preconditioners import UNITS, config_products, resolve_solver, unit_for
+from .roots import prepare, start_vectors, uses_start_vectors
+from .roots.matmul import LOW, device_refusal, has_tensor_cores
+from .schedule import SCHEDULE_KEY, stagger_tables, staggers
 from .storage import stored_dtype
 from .strategy import for_device
 
@@ -143,7 +144,8 @@ def make_state(
         shard = make_shard(plan, rank, world_size, group_name)
     layout = {**_layout(shard.local, config, device), **constants(plan, shard, config, device)}
     state = TensorDict(layout, batch_size=[], device=device)
-    prepare(config, for_device(device))
+    strategy = for_device(device)
+    prepare(config, resolve_solver(config, strategy), strategy)
     return mark_static(
         state.set_non_tensor("config", config).set_non_tensor("plan", plan).set_non_tensor("shard", shard)
     )
@@ -206,11 +208,10 @@ def _layout(plan: Plan, config: DashConfig, device: torch.device) -> dict:
         return torch.zeros(shape, dtype=dtype, device=device)
 
     groups = {}
+    slots = unit_for(config).group_slots(config)
     for g, group in enumerate(plan.groups):
         shape = (group.count, group.rows, group.cols)
-        entry = {"A": zeros(*shape, key="A")}
-        if config.beta_G > 0:
-            entry["Gt"] = zeros(*shape, key="Gt")
+        entry = {slot: zeros(*shape, key=slot) for slot in slots}
         if config.mu > 0:
             entry["M"] = zeros(*shape)
         groups[str(g)] = entry
@@ -233,15 +234,15 @@ def _layout(plan: Plan, config: DashConfig, device: torch.device) -> dict:
     return layout
 
 
-CONSTANTS = ("start_vectors", SCHEDULE_KEY, DUE_BLOCKS_KEY)  # state entries derived from config and plan, never stored
+# state entries derived from config and plan, never stored
+CONSTANTS = ("start_vectors", SCHEDULE_KEY, *(key for unit in UNITS.values() for key in unit.constant_keys))
 
 
 def constants(plan: Plan, shard, config: DashConfig, device: torch.device) -> dict:
     """The state's constant entries (:data:`CONSTANTS`) for a rank's ``shard`` of ``plan``:
     power-iteration start vectors when the solver scales by PI, the staggered schedule's
-    tables, and under it each group's due blocks where the eigenvalue-corrected preconditioner
-    keeps a gradient EMA in the bases. Made by ``init`` and again on every load, for the
-    target's config and device."""
+    tables, and the preconditioner's own (:meth:`Preconditioner.constants`). Made by ``init``
+    and again on every load, for the target's config and device."""
     local = shard.local
     found = {}
     if uses_start_vectors(config, resolve_solver(config, for_device(device))):
@@ -249,9 +250,7 @@ def constants(plan: Plan, shard, config: DashConfig, device: torch.device) -> di
         found["start_vectors"] = {str(b): start_vectors(b, config, local.dtype, device) for b in sizes}
     if staggers(config):
         found[SCHEDULE_KEY] = stagger_tables(plan, shard, config.inv_root_freq, device)
-        if config.preconditioner == "eigenvalue_corrected" and config.beta_G > 0:
-            found[DUE_BLOCKS_KEY] = due_block_tables(plan, shard, config.inv_root_freq, device)
-    return found
+    return {**found, **unit_for(config).constants(plan, shard, config, device)}
 
 
 def _warn_about_mixed_precision(specs) -> None:
@@ -280,7 +279,7 @@ def _check_precision(config: DashConfig, device: torch.device) -> None:
     has no faster form.)"""
     refusal = device_refusal(device) if has_tensor_cores(device) else None
     if refusal:
-        if config.precision == "auto" and AUTO_ACCELERATOR[config.preconditioner] != "float32":
+        if config.precision == "auto" and unit_for(config).auto_precision != "float32":
             if (str(device), refusal) not in _noticed:
                 _noticed.add((str(device), refusal))
                 _log.warning(
@@ -293,7 +292,7 @@ def _check_precision(config: DashConfig, device: torch.device) -> None:
                 f"init: precision={config.precision!r} needs 16-bit products with float32 results, which {device} "
                 f"cannot run: {refusal}; use precision='auto' (float32 here) or 'float32'"
             )
-    products = products_for(config.precision, device, preconditioner=config.preconditioner)
+    products = config_products(config, device)
     if products.kernel == "emulated":
         warnings.warn(
             f"precision={config.precision!r} on {device.type}: this device has no {config.precision} matrix unit "

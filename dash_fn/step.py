@@ -1,36 +1,28 @@
 """``step``: one DASH update on stacked blocks (docs/ALGORITHM.md section 4).
 
 Data flows one way: grads -> plan.gather -> block stacks -> factor/moment updates -> roots
-refreshed on schedule -> grafted Shampoo directions -> plan.scatter -> new params.
+refreshed on schedule -> the preconditioner's directions, grafted -> momentum -> plan.scatter ->
+new params. The preconditioner (:mod:`dash_fn.preconditioners`) and the device forms
+(:mod:`dash_fn.forms`) are picked once, at the entry; the pipeline here is every one's.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from tensordict import TensorDict
 
 from .config import DashConfig
+from .context import StepContext
 from .distributed.fsdp import like, to_local
 from .forms import DeviceForms, forms_for
-from .guard import Guard, announce_skip, lr_in_range
+from .guard import announce_skip, lr_in_range
 from .inputs import check_step_inputs, flatten, order_like_plan, rebuild
 from .plan import ADAMW, EMPTY, SEGMENTS, Plan
-from .roots import refresh_roots
-from .roots.matmul import products_for
-from .roots.scaling import root, spectral_norm_estimate
-from .schedule import (
-    DUE_BLOCKS_KEY,
-    SCHEDULE_KEY,
-    due_blocks,
-    due_slice,
-    has_root,
-    is_refresh_step,
-    periodic_due,
-    warmup_due,
-)
+from .preconditioners import Directions, Preconditioner, config_products, unit_for
+from .roots.scaling import spectral_norm_estimate
+from .schedule import SCHEDULE_KEY, due_slice, is_refresh_step, periodic_due, warmup_due
 from .strategy import for_device
 
 __all__ = ["step", "is_refresh_step"]
@@ -114,32 +106,24 @@ def step(params, grads, state: TensorDict, *, lr, refresh: bool | None = None):
             "step's number t counted on the host"
         )
     with torch.no_grad():
-        forms = forms_for(
-            strategy, products_for(config.precision, state["step"].device, shard.local.dtype, config.preconditioner)
-        )
-        new = _apply(forms, plan, shard, config, state, ordered_params, ordered_grads, lr, refresh)
+        unit = unit_for(config)
+        forms = forms_for(strategy, config_products(config, state["step"].device, shard.local.dtype))
+        new = _apply(unit, forms, plan, shard, config, state, ordered_params, ordered_grads, lr, refresh)
         updated = dict(zip(plan.names, new))
     return rebuild(params, keys, [like(x, updated[n]) for n, x in zip(names, param_list)]), state
 
 
-@dataclass(frozen=True)
-class _Step:
-    """What the operations of one step read: this rank's blocks (``local``, the shard's plan;
-    the model's is needed only to gather and scatter), the forms the call runs
-    (:mod:`dash_fn.forms`), the non-finite guard, the step number ``t`` (0-d, on the device)
-    and its bias corrections."""
-
-    config: DashConfig
-    local: Plan
-    state: TensorDict
-    forms: DeviceForms
-    guard: Guard
-    t: torch.Tensor
-    corrections: dict
-
-
 def _apply(
-    forms: DeviceForms, plan: Plan, shard, config: DashConfig, state: TensorDict, params, grads, lr, refresh
+    unit: Preconditioner,
+    forms: DeviceForms,
+    plan: Plan,
+    shard,
+    config: DashConfig,
+    state: TensorDict,
+    params,
+    grads,
+    lr,
+    refresh,
 ) -> list:
     """docs/ALGORITHM.md section 4 on this rank's blocks (``shard.local``): b-h, the directions
     brought to the parameters' rows (:mod:`dash_fn.distributed`), then a, i and j. Under the
@@ -153,7 +137,7 @@ def _apply(
         state["skipped"].add_(1)
         announce_skip(int(state["skipped"]))
         if refresh:  # the roots of the unchanged factors
-            _refresh(_Step(config, local, state, forms, guard, state["step"], {}), refresh)
+            _refresh(StepContext(config, local, state, unit, forms, guard, state["step"], {}), refresh)
         return list(params)
     guard.count_skip(state["skipped"])
     blocks = [guard.masked(G, 0.0) for G in blocks]
@@ -161,16 +145,10 @@ def _apply(
     grads = [guard.masked(g, 0.0) for g in grads]
     t = state["step"] + 1
     state["step"].copy_(guard.choose(t, state["step"]))
-    ctx = _Step(config, local, state, forms, guard, t, _bias_corrections(config, local, t))
+    ctx = StepContext(config, local, state, unit, forms, guard, t, _bias_corrections(config, local, t))
     _factor_emas(ctx, products)  # b
     _refresh(ctx, refresh)  # d
-    directions = []
-    for g, G in enumerate(blocks):
-        if config.preconditioner == "eigenvalue_corrected":
-            directions.append(_corrected_direction(ctx, g, G))  # k
-            continue
-        Gt, D = forms.adam_direction(config, state["groups", str(g)], G, ctx.corrections, t, guard)  # c, e, f
-        directions.append(_direction(ctx, g, Gt, D))  # g
+    directions = [_graft(ctx, local.groups[g], unit.direction(ctx, g, G)) for g, G in enumerate(blocks)]  # c, e-g, k
     if config.mu > 0:  # h
         directions = [_momentum(ctx, state["groups", str(g), "M"], P) for g, P in enumerate(directions)]
     comm_dtype = None if config.comm_dtype is None else getattr(torch, config.comm_dtype)
@@ -217,7 +195,7 @@ def _(t: torch.Tensor, betas: list[float], roots: list[bool], dtype: torch.dtype
     return t.new_empty((len(betas),), dtype=dtype)
 
 
-def _factor_emas(ctx: _Step, products) -> None:
+def _factor_emas(ctx: StepContext, products) -> None:
     """Factor EMAs (b): each group's products into its slice of the factor stacks."""
     for group, sides in zip(ctx.local.groups, products):
         for side, X in sides:
@@ -225,7 +203,7 @@ def _factor_emas(ctx: _Step, products) -> None:
             ctx.forms.factor_ema(F, X, ctx.config.beta_LR, ctx.guard, ctx.local.dtype)
 
 
-def _refresh(ctx: _Step, refresh: bool | None) -> None:
+def _refresh(ctx: StepContext, refresh: bool | None) -> None:
     """New inverse roots (d) on the config's schedule (:mod:`dash_fn.schedule`): every stack on
     the caller's flag (a periodic refresh step, or a warm-up step), or with ``refresh=None``
     (host reads only: ``step`` checked it) where the counter says so; otherwise, staggered,
@@ -242,16 +220,15 @@ def _refresh(ctx: _Step, refresh: bool | None) -> None:
         refresh_stack = _refresh_slice
     else:
         return
-    before = []
-    if config.preconditioner == "eigenvalue_corrected" and config.beta_G > 0:
-        before = _bases_before(ctx, every=bool(refresh))
-    for k in range(len(ctx.local.factors)):
-        refresh_stack(ctx, k)
-    for g, blocks, old in before:
-        _rotate_gradient_ema(ctx, g, blocks, old)
+
+    def refresh_stacks() -> None:
+        for k in range(len(ctx.local.factors)):
+            refresh_stack(ctx, k)
+
+    ctx.unit.refresh(ctx, bool(refresh), refresh_stacks)
 
 
-def _refresh_stack(ctx: _Step, k: int) -> None:
+def _refresh_stack(ctx: StepContext, k: int) -> None:
     """Every root of factor stack ``k`` from its factors (a skipped step's: unchanged)."""
     entry, stack, dtype = ctx.state["factors", str(k)], ctx.local.factors[k], ctx.local.dtype
     F, old = entry["F"].to(dtype), entry["Fbar"].to(dtype)
@@ -261,7 +238,7 @@ def _refresh_stack(ctx: _Step, k: int) -> None:
     entry["fallbacks"].add_(fell_back)
 
 
-def _refresh_slice(ctx: _Step, k: int) -> None:
+def _refresh_slice(ctx: StepContext, k: int) -> None:
     """The staggered refresh of factor stack ``k``: the slice of blocks whose phase is due at
     step ``t`` gets new roots; nothing changes where no block is due, before start_prec_step,
     or on a skipped step."""
@@ -284,55 +261,11 @@ def _refresh_slice(ctx: _Step, k: int) -> None:
     fallbacks.index_copy_(0, solved, fallbacks.index_select(0, solved) + (fell_back & due))
 
 
-def _refresh_roots(ctx: _Step, F: torch.Tensor, old: torch.Tensor, p: int, stack, due: torch.Tensor | None = None):
-    """New roots (or bases) of factors ``F`` of a stack, keeping ``old`` where a refresh fails
-    (``due``: the blocks the caller keeps, None: all)."""
+def _refresh_roots(ctx: StepContext, F: torch.Tensor, old: torch.Tensor, p: int, stack, due=None):
+    """The preconditioner's new roots (or bases) of factors ``F`` of a stack, keeping ``old``
+    where a refresh fails (``due``: the blocks the caller keeps, None: all)."""
     start = _start_vectors(ctx, stack)
-    return refresh_roots(F, old, p, ctx.config, start, ctx.forms.strategy, ctx.forms.products, due)
-
-
-def _bases_before(ctx: _Step, every: bool) -> list:
-    """``[(g, blocks, bases)]``: for each group, the blocks this step may refresh (the
-    staggered schedule's due blocks; None: all, as on a step that refreshes ``every`` root) and
-    their bases before it, one per side (None for a side without a basis)."""
-    found = []
-    for g, group in enumerate(ctx.local.groups):
-        blocks = None
-        if ctx.config.refresh_schedule == "staggered" and not every:
-            blocks = due_blocks(ctx.state[DUE_BLOCKS_KEY, str(g)], ctx.t, ctx.config)
-        # (all of them: copied, as the refresh writes them in place)
-        bases = [None if side is None else _bases(ctx, group, side, blocks) for side in (group.left, group.right)]
-        found.append((g, blocks, [b if b is None or blocks is not None else b.clone() for b in bases]))
-    return found
-
-
-def _bases(ctx: _Step, group, side, blocks: torch.Tensor | None) -> torch.Tensor:
-    """The group's stored ``Fbar`` (bases, or inverse roots) of ``blocks`` (None: all, a view)
-    on one side."""
-    bases = ctx.state["factors", str(side.stack), "Fbar"][side.offset : side.offset + group.count]
-    return bases if blocks is None else bases.index_select(0, blocks)
-
-
-def _rotate_gradient_ema(ctx: _Step, g: int, blocks: torch.Tensor | None, before: list) -> None:
-    """The gradient EMA of a group's ``blocks`` (None: all) moved into their new bases (k):
-    kept as ``Gt' = Q_L^T Gt Q_R``, it becomes ``Q_L'^T Q_L Gt' Q_R^T Q_R'``, one side at a
-    time and only where that side's basis changed (elsewhere its bits stay)."""
-    group, dtype = ctx.local.groups[g], ctx.local.dtype
-    entry = ctx.state["groups", str(g), "Gt"]
-    X = (entry if blocks is None else entry.index_select(0, blocks)).to(dtype)
-    for is_left, side, old in ((True, group.left, before[0]), (False, group.right, before[1])):
-        if side is None or old is None:
-            continue
-        new = _bases(ctx, group, side, blocks)
-        changed = (new != old).flatten(1).any(1)
-        Q_old, Q_new = old.to(dtype), new.to(dtype)
-        rotate = ctx.forms.products.of("rotate")
-        moved = rotate(Q_new.mT, rotate(Q_old, X)) if is_left else rotate(rotate(X, Q_old.mT), Q_new)
-        X = ctx.forms.select(changed[:, None, None], moved, X)
-    if blocks is None:
-        entry.copy_(X)
-    else:
-        entry.index_copy_(0, blocks, X.to(entry.dtype))
+    return ctx.unit.solve(F, old, p, ctx.config, start, ctx.forms.strategy, ctx.forms.products, due)
 
 
 def _root_order(config: DashConfig, order: int) -> int:
@@ -341,72 +274,36 @@ def _root_order(config: DashConfig, order: int) -> int:
     return config.resolved_root_order if order == 4 else order
 
 
-def _start_vectors(ctx: _Step, stack) -> torch.Tensor | None:
+def _start_vectors(ctx: StepContext, stack) -> torch.Tensor | None:
     """The power iteration's start vectors of a stack's block size (None for solvers without)."""
     return ctx.state["start_vectors", str(stack.size)] if "start_vectors" in ctx.state.keys() else None
-
-
-def _direction(ctx: _Step, g: int, Gt: torch.Tensor, D: torch.Tensor) -> torch.Tensor:
-    """For t >= s the grafted Shampoo direction (g) from the gradient EMA ``Gt`` and the Adam
-    direction ``D`` (staggered: from each block's first refresh on); before, ``D``. Under a
-    fixed norm (``grafting`` "rms" or "spectral") either has that norm."""
-    config, local = ctx.config, ctx.local
-    group = local.groups[g]
-    norm, graft = _norm_and_target(ctx, group, D)
-    s = config.start_prec_step
-    # D is returned only before a block's first root: never under the periodic schedule from step 1
-    if config.grafting in FIXED_NORMS and (s != 1 or config.refresh_schedule == "staggered"):
-        D = D.mul_(graft / (norm(D) + 1e-16))  # D: this step's own temporary
-    if s == math.inf:
-        return D
-    U, precondition = Gt, ctx.forms.products.of("precondition")
-    if group.left is not None:
-        U = precondition(_refreshed(ctx, group, group.left), U)
-    if group.right is not None:
-        U = precondition(U, _refreshed(ctx, group, group.right))
-    if group.diagonal_dim is not None:  # a thin block's long side (docs/ALGORITHM.md 2.5)
-        A = ctx.state["groups", str(g), "A"].to(local.dtype)
-        U = U * _diagonal_root(A, group.diagonal_dim, config.resolved_root_order, config.eps, config.eps_rel)
-    P = U.mul_(graft / (norm(U) + 1e-16))  # U: this step's own product
-    if config.refresh_schedule == "staggered":  # a block's Adam direction until its first refresh
-        side = group.factor_sides[0]
-        ready = has_root(ctx.state[SCHEDULE_KEY, str(side.stack)], side.offset, group.count, ctx.t, config)
-        return ctx.forms.select(ready[:, None, None], P, D)
-    return P if s == 1 else torch.where(ctx.t >= s, P, D)
 
 
 FIXED_NORMS = ("rms", "spectral")
 
 
-def _refreshed(ctx: _Step, group, side) -> torch.Tensor:
-    """The group's slice of a factor stack's refreshed matrices ``Fbar`` (inverse roots, or
-    eigenbases under the eigenvalue-corrected preconditioner), widened to the state dtype
-    (:mod:`dash_fn.storage`)."""
-    return _bases(ctx, group, side, None).to(ctx.local.dtype)
+def _graft(ctx: StepContext, group, directions: Directions) -> torch.Tensor:
+    """A group's direction (f, g): the preconditioned one, where ready, with the norm of Adam's
+    direction (or the fixed norm); elsewhere Adam's direction (under a fixed norm, with that
+    norm). A preconditioner without a preconditioned direction and without a fixed norm gives
+    its own (the eigenvalue-corrected one's)."""
+    config = ctx.config
+    D, U, ready = directions
+    fixed = config.grafting in FIXED_NORMS
+    if U is None and not fixed:
+        return D
+    norm, target = _norm_and_target(ctx, group, D)
+    if fixed and ready is not True:  # D: this step's own temporary
+        D = D.mul_(target / (norm(D) + 1e-16))
+    if U is None:
+        return D
+    P = U.mul_(target / (norm(U) + 1e-16))  # U: this step's own product
+    if isinstance(ready, bool):
+        return P if ready else D
+    return ctx.forms.select(ready, P, D)
 
 
-def _corrected_direction(ctx: _Step, g: int, G: torch.Tensor) -> torch.Tensor:
-    """The eigenvalue-corrected direction (k): Adam's direction of ``rot(G) = Q_L^T G Q_R``,
-    with both moments kept in the eigenbases ``Q_L, Q_R`` of the block's factors (the gradient
-    EMA moved into new bases where they change, :func:`_rotate_gradient_ema`), rotated back:
-    ``Q_L [Gt_hat / (sqrt(A_hat) + eps)] Q_R^T``. A thin block's diagonal side and a one-sided
-    segment's missing side are not rotated (their basis is I), as is every block before its
-    first basis (its ``Fbar`` is still I: Adam's direction)."""
-    group = ctx.local.groups[g]
-    left = None if group.left is None else _refreshed(ctx, group, group.left)
-    right = None if group.right is None else _refreshed(ctx, group, group.right)
-    rotate = ctx.forms.products.of("rotate")
-    if left is not None:
-        G = rotate(left.mT, G)
-    if right is not None:
-        G = rotate(G, right)
-    _, D = ctx.forms.adam_direction(ctx.config, ctx.state["groups", str(g)], G, ctx.corrections, ctx.t, ctx.guard)
-    if left is not None:
-        D = rotate(left, D)
-    return D if right is None else rotate(D, right.mT)
-
-
-def _norm_and_target(ctx: _Step, group, D: torch.Tensor):
+def _norm_and_target(ctx: StepContext, group, D: torch.Tensor):
     """The norm a block's direction is measured by and the value it is given (f, g): the
     Frobenius norm and Adam's ``||D||_F`` (Adam and AdaGrad grafting); the Frobenius norm and
     ``graft_rms sqrt(rows cols)`` (``"rms"``: that per-entry RMS); the spectral norm and
@@ -420,27 +317,14 @@ def _norm_and_target(ctx: _Step, group, D: torch.Tensor):
     return ctx.forms.block_norm, torch.linalg.vector_norm(D, dim=(-2, -1), keepdim=True)
 
 
-def _diagonal_root(A: torch.Tensor, dim: int, p: int, eps: float, eps_rel: float) -> torch.Tensor:
-    """``(d + eps)^(-1/p)`` of the long side's diagonal factor d: the grafting moment summed
-    over ``dim``, which is diag(G G^T)'s EMA (tall blocks; diag(G^T G)'s for wide ones) at the
-    grafting moment's decay; 0 where ``d <= eps_rel max(d)`` (the relative floor on the
-    diagonal's eigenvalues; at eps_rel = 0, a row that never had a gradient gets no update)."""
-    d = A.sum(dim, keepdim=True)
-    floor = eps_rel * d.amax(dim=(-2, -1), keepdim=True) if eps_rel > 0 else 0.0
-    # for p a power of two, square roots and a division, each correctly rounded, not pow:
-    # torch's CPU kernels take pow in vector code but a loop's tail in scalar code, which round
-    # differently, so a block's root would depend on how many blocks its stack holds
-    return torch.where(d > floor, root(d + eps, p).reciprocal(), torch.zeros_like(d))
-
-
-def _momentum(ctx: _Step, M: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
+def _momentum(ctx: StepContext, M: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
     """Heavy-ball momentum (h): M <- mu M + P; Nesterov returns P + mu M."""
     mu = ctx.config.mu
     M.mul_(ctx.guard.decay(mu, M.dtype)).add_(ctx.guard.masked(P, -0.0))
     return P + mu * M if ctx.config.nesterov is not False else M.clone()  # None: Nesterov's
 
 
-def _update_params(ctx: _Step, params, grads, updates, lr) -> list[torch.Tensor]:
+def _update_params(ctx: StepContext, params, grads, updates, lr) -> list[torch.Tensor]:
     """Weight decay (a) and the update (i) for matrices; AdamW (j) for vectors (this rank's)."""
     config, local = ctx.config, ctx.local
     adamw_dirs = _adamw_directions(ctx, grads) if local.adamw_numel else None
@@ -461,7 +345,7 @@ def _update_params(ctx: _Step, params, grads, updates, lr) -> list[torch.Tensor]
     return out
 
 
-def _adamw_directions(ctx: _Step, grads) -> torch.Tensor:
+def _adamw_directions(ctx: StepContext, grads) -> torch.Tensor:
     """Bias-corrected Adam direction of all AdamW vectors, in one flat buffer (j)."""
     config, local, guard = ctx.config, ctx.local, ctx.guard
     g = torch.cat([x.reshape(-1) for p, x in zip(local.params, grads) if p.kind == ADAMW]).to(local.dtype)

@@ -14,6 +14,7 @@ import torch
 
 import dash_fn
 from conftest import mixed_params, random_grads
+from dash_fn.preconditioners import config_products
 from dash_fn.roots.matmul import PLAIN, Products, cpu_has_bf16_units, products_for
 from dash_fn.strategy import simulated_accelerator
 from syncs import assert_one_graph_without_syncs
@@ -118,7 +119,9 @@ def test_auto_resolves_from_static_facts(monkeypatch):
     monkeypatch.setattr(matmul, "tensor_core_facts", lambda device: matmul.TensorCoreFacts("cuda", True, (9, 0)))
     monkeypatch.setattr(matmul, "_VERDICTS", {})  # the faked verdicts go with the test
     assert products_for("auto", torch.device("cuda")) == Products("float16", "tensor_core")
-    assert products_for("auto", torch.device("cuda"), preconditioner="eigenvalue_corrected") is PLAIN
+    corrected = dash_fn.DashConfig(preconditioner="eigenvalue_corrected")
+    assert config_products(corrected, torch.device("cuda")) is PLAIN
+    assert config_products(dash_fn.DashConfig(), torch.device("cuda")) == Products("float16", "tensor_core")
     assert products_for("tf32", torch.device("cuda")) == Products("tf32", "tensor_core")
     for device in ("cpu", "meta", "mps"):  # no 16-bit matrix units that auto would use: never emulated
         assert products_for("auto", torch.device(device)) is PLAIN

@@ -17,7 +17,6 @@ import torch
 
 from ..config import DashConfig, check_solver_options, ndb_serves
 from ..strategy import CPU, Strategy, for_device
-from .basis import eigenbasis, qr_basis
 from .chebyshev import chebyshev_inverse_root
 from .cn import cn_inverse_root
 from .eigh import eigh_inverse_root
@@ -45,24 +44,22 @@ SOLVERS: dict[str, Solver] = {
 
 
 def resolve_solver(config: DashConfig, strategy: Strategy) -> str:
-    """The solver a config runs under a strategy: ``auto`` picks eigh where the CPU's ops serve
-    (LAPACK beats the matmul iterations there) and, under the accelerator strategy, a matmul-only
-    iteration (eigh syncs there once per call, cuSOLVER's error check, and so cannot be captured
-    by CUDA graphs): orthogonal iteration ("qr") for eigenbases, NDB for roots of a power-of-two
-    order (its square roots compose them) and coupled Newton for any other order."""
+    """The root solver a config runs under a strategy: ``auto`` picks eigh where the CPU's ops
+    serve (LAPACK beats the matmul iterations there) and, under the accelerator strategy, a
+    matmul-only iteration (eigh syncs there once per call, cuSOLVER's error check, and so cannot
+    be captured by CUDA graphs): NDB for roots of a power-of-two order (its square roots compose
+    them) and coupled Newton for any other order. (A preconditioner's refresh may solve for
+    something else: :func:`dash_fn.preconditioners.resolve_solver`.)"""
     if config.solver != "auto":
         return config.solver
     if strategy.cpu_ops:
         return "eigh"
-    if config.preconditioner == "eigenvalue_corrected":
-        return "qr"
     return "ndb" if ndb_serves(config.resolved_root_order) else "cn"
 
 
-def prepare(config: DashConfig, strategy: Strategy) -> None:
-    """Check that the solver ``auto`` picks serves the config (:func:`check_solver_options`) and
-    start what the solver's form needs before a step runs: the CPU eigh op's threads."""
-    solver = resolve_solver(config, strategy)
+def prepare(config: DashConfig, solver: str, strategy: Strategy) -> None:
+    """Check that ``solver`` (what ``auto`` picks) serves the config (:func:`check_solver_options`)
+    and start what its form needs before a step runs: the CPU eigh op's threads."""
     check_solver_options(config, solver)
     if solver == "eigh" and strategy.cpu_ops:
         start_workers()
@@ -174,7 +171,7 @@ def refresh_roots(
     due: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """New roots for a factor stack, keeping a block's old root where its refresh fails.
-    The matmul solvers and orthogonal iteration multiply in ``products``' precision. ``due``
+    The matmul solvers multiply in ``products``' precision. ``due``
     (None: every block) says which blocks the caller will keep: a form that may read it on the
     host solves nothing when none is (traced eigh on the CPU; the caller selects by it anyway).
 
@@ -193,8 +190,6 @@ def refresh_roots(
     (:func:`_traced_cpu_eigh_refresh`).
     """
     strategy = strategy or for_device(factors.device)
-    if config.preconditioner == "eigenvalue_corrected":
-        return refresh_bases(factors, roots, config, strategy, products)
     solver = resolve_solver(config, strategy)
     if solver == "eigh" and strategy.cpu_ops and not strategy.host_reads:
         # eps and eps_rel as a tensor: a compiled step that met other values before gets them
@@ -224,26 +219,6 @@ def refresh_roots(
         fell_back.append(failed)
         del new  # before the next chunk's temporaries
     return out, torch.cat(fell_back)
-
-
-def refresh_bases(
-    factors: torch.Tensor, bases: torch.Tensor, config: DashConfig, strategy: Strategy, products: Products = PLAIN
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """New eigenbases for a factor stack (docs/ALGORITHM.md 5.7), keeping a block's old basis
-    where its factor or its new basis is not finite (as :func:`refresh_roots` keeps roots).
-    Their temporaries are a few stacks (LAPACK's or cuSOLVER's workspace, one product), so the
-    stack is solved whole."""
-    finite_factor = finite_blocks(factors)
-    safe = factors
-    if not strategy.holds(finite_factor):
-        identity = identity_matrix(factors.shape[-1], factors.dtype, factors.device)
-        safe = torch.where(finite_factor[:, None, None], factors, identity)
-    if resolve_solver(config, strategy) == "eigh":
-        new = eigenbasis(safe, strategy.cpu_ops)
-    else:
-        new = qr_basis(safe, bases, config.qr_steps, products.of("qr"))
-    ok = finite_factor & finite_blocks(new)
-    return strategy.select(ok[:, None, None], new, bases).contiguous(), ~ok
 
 
 def _refresh_chunk(

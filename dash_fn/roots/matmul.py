@@ -11,8 +11,9 @@ the working dtype; small products (power iteration's mat-vecs) stay there too.
 A part of the step that a precision cannot serve keeps float32 operands (:data:`STAYS_FLOAT32`):
 the Newton iterations amplify their own rounding where a 7-bit fraction is too coarse.
 
-``"auto"`` picks from static facts: on CUDA and XPU, :data:`AUTO_ACCELERATOR` of the
-preconditioner (float16 for Shampoo's, float32 for the eigenvalue-corrected one) where the
+``"auto"`` picks from static facts: on CUDA and XPU, the ``auto_precision`` of the
+preconditioner (:mod:`dash_fn.preconditioners`: float16 for Shampoo's, float32 for the
+eigenvalue-corrected one) where the
 device serves 16-bit products with float32 results (:func:`tensor_core_refusal`: a GPU below
 compute capability 7.0, ROCm's CK BLAS backend, cuBLAS's fp16-accumulation flag or a torch
 without the kernel for the device refuse; "auto" is float32 there, with one notice through the
@@ -80,14 +81,11 @@ def stacked_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 LOW = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
-# What "auto" resolves to off the CPU, per preconditioner: the fastest precision whose final
-# training loss held within 0.005 of float32's on every seed of the paired runs at both sizes
-# (benchmarks/RESULTS.md, "Precision of the products"). bfloat16's products missed it; float16
-# held with coupled Newton (the accelerators' solver) but not on every seed of the
-# eigenvalue-corrected mode, which keeps float32. On CPUs it is float32: bfloat16, the only
-# precision with CPU units, did not hold, and float32 keeps the CPU's results the same bits on
-# every CPU.
-AUTO_ACCELERATOR = {"shampoo": "float16", "eigenvalue_corrected": "float32"}
+# "auto" off the CPU is each preconditioner's auto_precision (dash_fn.preconditioners): the
+# fastest precision whose final training loss held within 0.005 of float32's on every seed of
+# the paired runs at both sizes (benchmarks/RESULTS.md, "Precision of the products"). On CPUs
+# it is float32: bfloat16, the only precision with CPU units, did not hold, and float32 keeps
+# the CPU's results the same bits on every CPU.
 # Where "auto" may leave float32: devices whose 16-bit products run on matrix units. Elsewhere
 # (CPUs, MPS, the meta device of a layout) a 16-bit "auto" would only be emulated. The simulated
 # accelerator strategy (dash_fn.strategy) counts the CPU among them, so that the tests run the
@@ -207,14 +205,15 @@ def forget_device_verdicts() -> None:
     _VERDICTS.clear()
 
 
-def resolve_precision(precision: str, device: torch.device, preconditioner: str = "shampoo") -> str:
-    """The precision a config's setting means on ``device`` for its ``preconditioner``: "auto"
-    resolved, others as given."""
+def resolve_precision(precision: str, device: torch.device, auto: str = "float16") -> str:
+    """The precision a config's setting means on ``device``: "auto" resolved (to ``auto``, the
+    preconditioner's choice, on a device with tensor cores that serve it; else float32),
+    others as given."""
     if precision != "auto":
         return precision
-    if AUTO_ACCELERATOR[preconditioner] == "float32" or not has_tensor_cores(device):
+    if auto == "float32" or not has_tensor_cores(device):
         return "float32"
-    return "float32" if device_refusal(device) else AUTO_ACCELERATOR[preconditioner]
+    return "float32" if device_refusal(device) else auto
 
 
 @torch.library.custom_op("dash_fn::round_to", mutates_args=())
@@ -313,12 +312,13 @@ _BUILT = {
 
 
 def products_for(
-    precision: str, device: torch.device, dtype: torch.dtype = torch.float32, preconditioner: str = "shampoo"
+    precision: str, device: torch.device, dtype: torch.dtype = torch.float32, auto: str = "float16"
 ) -> Products:
-    """The products of a config's ``precision`` on ``device`` for stacks of ``dtype`` under its
-    ``preconditioner``: the kernel is a static fact of the device (the module doc). float64
-    stacks (a float64 model's state) are never rounded."""
-    resolved = resolve_precision(precision, device, preconditioner)
+    """The products of a config's ``precision`` on ``device`` for stacks of ``dtype``, "auto"
+    meaning ``auto`` on tensor cores (the preconditioner's: :func:`resolve_precision`): the
+    kernel is a static fact of the device (the module doc). float64 stacks (a float64 model's
+    state) are never rounded."""
+    resolved = resolve_precision(precision, device, auto)
     if resolved == "float32" or dtype != torch.float32:
         return PLAIN
     if device.type == "cuda" or (has_tensor_cores(device) and resolved != "tf32" and not device_refusal(device)):

@@ -1,0 +1,33 @@
+"""The preconditioners, one module each (:mod:`.unit` says what one supplies), picked once per
+call by the config's ``preconditioner``, as the device forms are (:mod:`dash_fn.forms`)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import DashConfig
+from ..roots.matmul import Products, products_for
+from ..strategy import Strategy
+from .eigenvalue_corrected import EigenvalueCorrected
+from .shampoo import Shampoo
+from .unit import Directions, Preconditioner
+
+UNITS: dict[str, Preconditioner] = {unit.name: unit for unit in (Shampoo(), EigenvalueCorrected())}
+
+__all__ = ["UNITS", "Directions", "Preconditioner", "unit_for", "resolve_solver", "config_products"]
+
+
+def unit_for(config: DashConfig) -> Preconditioner:
+    """The preconditioner a config names."""
+    return UNITS[config.preconditioner]
+
+
+def resolve_solver(config: DashConfig, strategy: Strategy) -> str:
+    """The solver a config's refresh runs under a strategy (:meth:`Preconditioner.solver`)."""
+    return unit_for(config).solver(config, strategy)
+
+
+def config_products(config: DashConfig, device: torch.device, dtype: torch.dtype = torch.float32) -> Products:
+    """The products a config's step multiplies with on ``device`` (its ``precision``, where
+    "auto" means its preconditioner's :attr:`~Preconditioner.auto_precision` on tensor cores)."""
+    return products_for(config.precision, device, dtype, unit_for(config).auto_precision)

@@ -59,6 +59,14 @@ class DashConfig:
     in a table, is in docs/ALGORITHM.md (section 9 for the fields); field names match its
     symbols. Section numbers below refer to that document.
 
+    The choices that matter, below in their sections: ``block_size``, ``preconditioner``,
+    ``solver``, ``root_order``, ``inv_root_freq`` (and ``inv_root_warmup``), ``precision``,
+    ``weight_decay``, the betas ``beta_G``, ``beta_LR``, ``beta_graft`` and ``grafting``. The
+    rest are each solver's knobs and numerical guards: a solver reads only its own
+    (``dash_fn.preconditioners.fields_read(config, solver)`` lists them, "auto" resolving per
+    device: eigh on the CPU, where ``newton_steps``, ``cn_*``, ``ndb_*``, ``cheb_*``,
+    ``qr_steps`` and the scaling fields do nothing).
+
     Blocking:
         - ``block_size`` = 256, int >= 1: blocks are at most B x B, vector segments at most B
           long (2.2, 2.3). Fixes the state's layout. (The paper uses 1024: docs/ALGORITHM.md

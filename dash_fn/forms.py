@@ -27,6 +27,7 @@ import torch
 
 from . import guard
 from .config import DashConfig
+from .grafting import GRAFTINGS
 from .guard import Guard
 from .roots.matmul import PLAIN, Products, aligned_width
 from .roots.scaling import frobenius_scale
@@ -101,7 +102,7 @@ class DeviceForms:
         # squares as G * G, not addcmul: AOTAutograd decomposes addcmul into an fma, which rounds
         # otherwise, and the compiled step would not give eager's bits; a narrow A or Gt is
         # updated in the state dtype and rounded when stored (dash_fn.storage)
-        if config.grafting == "adagrad":
+        if GRAFTINGS[config.grafting].sums:
             A = ema_(entry["A"], 1.0, G * G, 1.0)
         else:
             A = ema_(entry["A"], guard.decay(config.beta_graft, dtype), G * G, 1 - config.beta_graft)
@@ -255,7 +256,7 @@ def fused_adam_applies(config: DashConfig, entry, G: torch.Tensor) -> bool:
     rest, which rounds differently: with whole vectors per block every entry takes the vector
     path wherever its block sits, so a rank holding part of the stack gets the bits of one
     process. The choice depends on the block shape only, never on the layout."""
-    if config.grafting == "adagrad" or config.nesterov_G or not (config.beta_G > 0 and config.bias_correction):
+    if GRAFTINGS[config.grafting].sums or config.nesterov_G or not (config.beta_G > 0 and config.bias_correction):
         return False
     block_entries = G.shape[-2] * G.shape[-1]
     whole_vectors = aligned_width(block_entries, G.dtype) == block_entries

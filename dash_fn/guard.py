@@ -18,6 +18,17 @@ their products, so ``ok`` first comes from a bound on the blocks
 (:func:`dash_fn.forms.products_bounded`), and only a step that fails it forms and checks the
 products. Which of these forms a call takes is decided once, at its top (:mod:`dash_fn.forms`).
 
+Where the guard acts. It wraps the step where it can: the host's verdict skips the whole step
+(:func:`dash_fn.step`'s entry); on the device the inputs are masked once at the entry (the
+gradient blocks, the factor products, the gradients), and the results are chosen once at the
+exit (the parameters, the step counter). What it cannot wrap is the state: every EMA (factors,
+moments, momentum, AdamW's) is updated in place, because a step keeps one copy of the state in
+memory (buffer donation: no old state to fall back on) and may not read ``ok`` on the host (a
+sync, or a break in a compiled graph). So each in-place update takes its decay through
+:meth:`Guard.decay` (1 when skipped) and its added term through :meth:`Guard.masked` (-0.0 when
+skipped: the entry's 0.0 would turn a stored -0.0 into 0.0), and the refresh its due flags
+through :meth:`Guard.flags`: those are the only calls inside the stages.
+
 A step that the caller marks as a refresh step (``refresh=True``) still refreshes the roots
 when it is skipped, from the factors it left unchanged: so a refresh schedule counted on the
 host (calls, skipped or not) loses no refresh to a skip and needs no read of ``ok``.

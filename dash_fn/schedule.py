@@ -63,9 +63,9 @@ def is_refresh_step(config: DashConfig, t: int) -> bool | None:
         True or False under the periodic schedule and under the staggered one with a warm-up;
         None under the staggered one without.
     """
-    if config.refresh_schedule == "staggered":
-        return bool(warmup_due(t, config)) if config.inv_root_warmup else None
-    return bool(periodic_due(t, config))
+    if not takes_flag(config):
+        return None
+    return bool((warmup_due if staggered(config) else periodic_due)(t, config))
 
 
 def periodic_due(t, config: DashConfig):
@@ -82,17 +82,28 @@ def warmup_due(t, config: DashConfig):
     return (t >= s) & (t < s + config.inv_root_warmup)
 
 
+def staggered(config: DashConfig) -> bool:
+    """Whether the config's schedule is the staggered one (else the periodic one)."""
+    return config.refresh_schedule == "staggered"
+
+
+def takes_flag(config: DashConfig) -> bool:
+    """Whether a step takes the host's ``refresh=`` flag: under the periodic schedule, and
+    under the staggered one with a warm-up (whose steps are another program)."""
+    return not staggered(config) or config.inv_root_warmup > 0
+
+
 def staggers(config: DashConfig) -> bool:
     """Whether the state keeps the staggered schedule's tables: roots exist and the schedule
     is staggered."""
-    return config.refresh_schedule == "staggered" and config.start_prec_step != float("inf")
+    return staggered(config) and config.start_prec_step != float("inf")
 
 
 def block_numbers(plan: Plan, shard) -> list[list[int]]:
     """Per group of ``shard.local``, the global number of each block (the module doc): the same
     on every world size, except under ``fsdp_blocks="local"``, whose blocks are the shard's own."""
     local = shard.local
-    if getattr(shard, "mode", "exact") == "local":
+    if getattr(shard, "piecewise", False):
         starts = _group_starts(local.groups)
         return [[starts[g] + q for q in range(group.count)] for g, group in enumerate(local.groups)]
     starts = _group_starts(plan.groups)

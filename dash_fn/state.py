@@ -139,7 +139,7 @@ def make_state(
     shard: Shard | FsdpShard
     if sharding == "fsdp":
         pieces = pieces or row_layout(plan, rank, world_size, group_name)
-        shard = make_fsdp_shard(plan, pieces, config.fsdp_blocks, config.one_dim)
+        shard = make_fsdp_shard(plan, pieces, config.fsdp_blocks == "local", config.one_dim)
     else:
         shard = make_shard(plan, rank, world_size, group_name)
     layout = {**_layout(shard.local, config, device), **constants(plan, shard, config, device)}

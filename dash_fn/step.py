@@ -17,12 +17,12 @@ from .config import DashConfig
 from .context import StepContext
 from .distributed.fsdp import like, to_local
 from .forms import DeviceForms, forms_for
+from .grafting import GRAFTINGS
 from .guard import announce_skip, lr_in_range
 from .inputs import check_step_inputs, flatten, order_like_plan, rebuild
 from .plan import ADAMW, EMPTY, SEGMENTS, Plan
 from .preconditioners import Directions, Preconditioner, config_products, unit_for
-from .roots.scaling import spectral_norm_estimate
-from .schedule import SCHEDULE_KEY, due_slice, is_refresh_step, periodic_due, warmup_due
+from .schedule import SCHEDULE_KEY, due_slice, is_refresh_step, periodic_due, staggered, takes_flag, warmup_due
 from .strategy import for_device
 
 __all__ = ["step", "is_refresh_step"]
@@ -91,8 +91,7 @@ def step(params, grads, state: TensorDict, *, lr, refresh: bool | None = None):
     ordered_grads = order_like_plan(plan, grad_names, [to_local(x) for x in grad_list], "grads")
     check_step_inputs(shard.local, state, ordered_params, ordered_grads, lr, refresh)
     strategy = for_device(state["step"].device)
-    schedule = config.refresh_schedule
-    flagged = schedule == "periodic" or config.inv_root_warmup > 0  # the schedules whose steps take a flag
+    flagged = takes_flag(config)
     if not flagged and refresh is not None:
         raise ValueError(
             f"step: refresh={refresh!r}, but the staggered schedule refreshes a slice of the roots on every "
@@ -164,7 +163,7 @@ def _bias_corrections(config: DashConfig, plan: Plan, t: torch.Tensor) -> dict:
     wanted = {}
     if config.bias_correction and config.beta_G > 0:
         wanted["G"] = (config.beta_G, False)
-    if config.bias_correction and config.grafting != "adagrad":
+    if config.bias_correction and not GRAFTINGS[config.grafting].sums:
         wanted["A"] = (config.beta_graft, True)
     if plan.adamw_numel:
         wanted["m"], wanted["v"] = (config.adamw_beta1, False), (config.adamw_beta2, True)
@@ -211,12 +210,11 @@ def _refresh(ctx: StepContext, refresh: bool | None) -> None:
     config = ctx.config
     if config.start_prec_step == math.inf:
         return
-    staggered = config.refresh_schedule == "staggered"
-    if refresh is None and (not staggered or config.inv_root_warmup):  # host reads only: step checked it
-        refresh = ctx.forms.holds(ctx.guard.flags((warmup_due if staggered else periodic_due)(ctx.t, config)))
+    if refresh is None and takes_flag(config):  # host reads only: step checked it
+        refresh = ctx.forms.holds(ctx.guard.flags((warmup_due if staggered(config) else periodic_due)(ctx.t, config)))
     if refresh:
         refresh_stack = _refresh_stack
-    elif staggered:
+    elif staggered(config):
         refresh_stack = _refresh_slice
     else:
         return
@@ -279,9 +277,6 @@ def _start_vectors(ctx: StepContext, stack) -> torch.Tensor | None:
     return ctx.state["start_vectors", str(stack.size)] if "start_vectors" in ctx.state.keys() else None
 
 
-FIXED_NORMS = ("rms", "spectral")
-
-
 def _graft(ctx: StepContext, group, directions: Directions) -> torch.Tensor:
     """A group's direction (f, g): the preconditioned one, where ready, with the norm of Adam's
     direction (or the fixed norm); elsewhere Adam's direction (under a fixed norm, with that
@@ -289,11 +284,11 @@ def _graft(ctx: StepContext, group, directions: Directions) -> torch.Tensor:
     its own (the eigenvalue-corrected one's)."""
     config = ctx.config
     D, U, ready = directions
-    fixed = config.grafting in FIXED_NORMS
-    if U is None and not fixed:
+    grafting = GRAFTINGS[config.grafting]
+    if U is None and not grafting.fixed:
         return D
-    norm, target = _norm_and_target(ctx, group, D)
-    if fixed and ready is not True:  # D: this step's own temporary
+    norm, target = grafting.norm_and_target(ctx.forms.block_norm, config, group, D)
+    if grafting.fixed and ready is not True:  # D: this step's own temporary
         D = D.mul_(target / (norm(D) + 1e-16))
     if U is None:
         return D
@@ -301,20 +296,6 @@ def _graft(ctx: StepContext, group, directions: Directions) -> torch.Tensor:
     if isinstance(ready, bool):
         return P if ready else D
     return ctx.forms.select(ready, P, D)
-
-
-def _norm_and_target(ctx: StepContext, group, D: torch.Tensor):
-    """The norm a block's direction is measured by and the value it is given (f, g): the
-    Frobenius norm and Adam's ``||D||_F`` (Adam and AdaGrad grafting); the Frobenius norm and
-    ``graft_rms sqrt(rows cols)`` (``"rms"``: that per-entry RMS); the spectral norm and
-    ``graft_rms sqrt(max(rows, cols))`` (``"spectral"``: Muon's norm for a full-rank
-    orthogonal direction, whose RMS is then graft_rms)."""
-    config = ctx.config
-    if config.grafting == "rms":
-        return ctx.forms.block_norm, config.graft_rms * math.sqrt(group.rows * group.cols)
-    if config.grafting == "spectral":
-        return spectral_norm_estimate, config.graft_rms * math.sqrt(max(group.rows, group.cols))
-    return ctx.forms.block_norm, torch.linalg.vector_norm(D, dim=(-2, -1), keepdim=True)
 
 
 def _momentum(ctx: StepContext, M: torch.Tensor, P: torch.Tensor) -> torch.Tensor:

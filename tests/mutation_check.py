@@ -65,7 +65,7 @@ MUTATIONS = [
     Mutation(
         "schedule: each rank numbers its own blocks (phases depend on the world size)",
         "dash_fn/schedule.py",
-        'if getattr(shard, "mode", "exact") == "local":',
+        'if getattr(shard, "piecewise", False):',
         "if True:",
         ("tests/test_distributed.py", "tests/test_fsdp.py", "-k", "staggered"),
     ),
@@ -248,15 +248,15 @@ MUTATIONS = [
     Mutation(
         "eigh: the abs heuristic without the absolute value",
         "dash_fn/roots/eigh.py",
-        "        d = mu.abs()",
-        "        d = mu",
+        '"abs": lambda mu, lam, eps: (mu.abs(), False)',
+        '"abs": lambda mu, lam, eps: (mu, False)',
         ("tests/test_solvers.py", "-k", "indefinite"),
     ),
     Mutation(
         "eigh: the abs heuristic on lambda, without eps",
         "dash_fn/roots/eigh.py",
-        "        d = mu.abs()",
-        "        d = lam.abs()",
+        '"abs": lambda mu, lam, eps: (mu.abs(), False)',
+        '"abs": lambda mu, lam, eps: (lam.abs(), False)',
         ("tests/test_reference_agreement.py", "-k", "abs-heuristic"),
     ),
     Mutation(
@@ -478,14 +478,14 @@ MUTATIONS = [
     ),
     Mutation(
         "update rules: rms grafting's norm from rows + cols",
-        "dash_fn/step.py",
-        "return ctx.forms.block_norm, config.graft_rms * math.sqrt(group.rows * group.cols)",
-        "return ctx.forms.block_norm, config.graft_rms * math.sqrt(group.rows + group.cols)",
+        "dash_fn/grafting.py",
+        "(block_norm, config.graft_rms * math.sqrt(group.rows * group.cols))",
+        "(block_norm, config.graft_rms * math.sqrt(group.rows + group.cols))",
         ("tests/test_update_rules.py", "-k", "rms"),
     ),
     Mutation(
         "update rules: spectral grafting's norm as the RMS rule's",
-        "dash_fn/step.py",
+        "dash_fn/grafting.py",
         "config.graft_rms * math.sqrt(max(group.rows, group.cols))",
         "config.graft_rms * math.sqrt(group.rows * group.cols)",
         ("tests/test_update_rules.py", "-k", "spectral_grafting"),
@@ -499,9 +499,9 @@ MUTATIONS = [
     ),
     Mutation(
         "update rules: rms grafting's moment summed as AdaGrad's",
-        "dash_fn/forms.py",
-        'if config.grafting == "adagrad":',
-        'if config.grafting != "adam":',
+        "dash_fn/grafting.py",
+        '"rms": Grafting(\n        False,',
+        '"rms": Grafting(\n        True,',
         ("tests/test_reference_agreement.py", "-k", "rms"),
     ),
     Mutation(
@@ -521,7 +521,7 @@ MUTATIONS = [
     Mutation(
         "update rules: the Newton solvers damped by the scale, not by its lambda_max estimate",
         "dash_fn/roots/scaling.py",
-        'lambda_hat = s if config.scaling == "fro" else s / config.scaling_const',
+        "lambda_hat = SCALINGS[config.scaling].largest(s, config)",
         "lambda_hat = s",
         ("tests/test_update_rules.py", "-k", "newton"),
     ),
@@ -682,8 +682,8 @@ MUTATIONS = [
     Mutation(
         "precision: the root iterations left in float32",
         "dash_fn/roots/__init__.py",
-        "return SOLVERS[solver](X, p, config, start, products.of(solver))",
-        "return SOLVERS[solver](X, p, config, start, PLAIN)",
+        "return entry.root(X, p, config, start, products.of(solver))",
+        "return entry.root(X, p, config, start, PLAIN)",
         ("tests/test_precision.py", "tests/test_solvers.py", "-k", "precision"),
     ),
     Mutation(
@@ -743,6 +743,27 @@ MUTATIONS = [
         "    if key not in _VERDICTS:\n",
         "    if True:\n",
         ("tests/test_tensor_cores.py",),
+    ),
+    Mutation(
+        "preconditioner units: the registry runs Shampoo's whatever the config names",
+        "dash_fn/preconditioners/__init__.py",
+        "    return UNITS[config.preconditioner]",
+        '    return UNITS["shampoo"]',
+        ("tests/test_preconditioner_unit.py",),
+    ),
+    Mutation(
+        "solver fields: coupled Newton's masking left out of the fields it reads",
+        "dash_fn/roots/__init__.py",
+        '("eps", "eps_rel", "newton_steps", "cn_tol", "cn_masking")',
+        '("eps", "eps_rel", "newton_steps", "cn_tol")',
+        ("tests/test_solver_fields.py",),
+    ),
+    Mutation(
+        "solver fields: eigh's bases said to read qr_steps",
+        "dash_fn/preconditioners/eigenvalue_corrected.py",
+        "eigenbasis(X, strategy.cpu_ops), ())",
+        'eigenbasis(X, strategy.cpu_ops), ("qr_steps",))',
+        ("tests/test_solver_fields.py",),
     ),
 ]
 

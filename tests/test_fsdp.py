@@ -43,9 +43,7 @@ def test_shard_rows_follow_torch_chunk(world_size):
 def test_every_block_is_owned_once_and_owned_rows_are_whole_bands(world_size, block_size):
     specs = [(f"p{i}", s, torch.float32) for i, s in enumerate(SHAPES)]
     plan = make_plan(specs, block_size, "shampoo")
-    shards = [
-        make_fsdp_shard(plan, row_layout(plan, k, world_size, "g"), "exact", "shampoo") for k in range(world_size)
-    ]
+    shards = [make_fsdp_shard(plan, row_layout(plan, k, world_size, "g"), False, "shampoo") for k in range(world_size)]
     for i, p in enumerate(plan.params):
         owned = sorted((row, col) for s in shards for j, row, col, _, _ in s.block_origins(plan) if j == i)
         want = sorted(

@@ -39,6 +39,6 @@ def test_chunks_follow_memory_beyond_the_floor():
     are still cut so that NDB's temporaries stay within one stack."""
     block = 1024 * 1024 * 4
     assert roots.chunk_blocks(10, block, "ndb") == 10  # a staggered slice: whole
-    assert roots.chunk_blocks(98, block, "ndb") == roots.SMALL_WORKSPACE // (roots.WORKSPACE["ndb"] * block)
+    assert roots.chunk_blocks(98, block, "ndb") == roots.SMALL_WORKSPACE // (roots.SOLVERS["ndb"].workspace * block)
     chunk = roots.chunk_blocks(1568, block, "ndb")
-    assert chunk * roots.WORKSPACE["ndb"] <= 1568 and 1568 // chunk <= 13
+    assert chunk * roots.SOLVERS["ndb"].workspace <= 1568 and 1568 // chunk <= 13

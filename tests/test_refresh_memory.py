@@ -57,12 +57,12 @@ def test_peak_temporaries_of_a_refresh_are_two_stacks(chunked, solver, count, si
 
 @pytest.mark.parametrize("solver", SOLVERS)
 def test_the_workspace_table_bounds_each_solver(solver):
-    """Unchunked, a solver holds at most WORKSPACE blocks per block: the table chunks by it."""
+    """Unchunked, a solver holds at most its workspace in blocks per block: the table chunks by it."""
     F = factor_stack(24, 32)
     args = operands(F, solver)
     with PeakMemory() as memory:
         refresh_roots(*args)
-    assert memory.peak <= roots.WORKSPACE[solver] * F.numel() * F.element_size()
+    assert memory.peak <= roots.SOLVERS[solver].workspace * F.numel() * F.element_size()
 
 
 def test_eager_cpu_eigh_with_finite_factors_solves_the_whole_stack(chunked):

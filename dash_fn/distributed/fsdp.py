@@ -68,7 +68,7 @@ class FsdpShard:
     rank: int
     world_size: int
     group_name: str | None
-    mode: str  # "exact" or "local"
+    piecewise: bool  # blocks cut at every piece's edges (fsdp_blocks="local"), else as one process cuts them
     local: Plan
     owned: tuple[ParamPlan, ...]
     rects: tuple[tuple[Rect, ...], ...]
@@ -88,7 +88,7 @@ class FsdpShard:
     def key_prefix(self, index: int) -> str:
         """What a checkpoint key of parameter ``index`` starts with: under ``fsdp_blocks="local"``
         blocks exist per piece, named by the piece's first row (and first column, if not 0)."""
-        if self.mode != "local":
+        if not self.piecewise:
             return ""
         r0, _, c0, _ = self.rects[index][self.rank]
         return f"shard_{r0}_" + (f"cols_{c0}_" if c0 else "")
@@ -96,7 +96,7 @@ class FsdpShard:
     def global_moment(self, index: int, whole: ParamPlan, local: torch.Tensor) -> torch.Tensor:
         """An AdamW moment of parameter ``index`` as a checkpoint keeps it: with exact blocks a
         DTensor of the parameter's shape placed like it, else this piece's."""
-        if self.mode == "local" or self.world_size == 1 or not self.placed:
+        if self.piecewise or self.world_size == 1 or not self.placed:
             return local
         from torch.distributed.tensor import DTensor
 
@@ -113,7 +113,7 @@ class FsdpShard:
 
         if isinstance(value, DTensor):
             return value.to_local()
-        if self.mode == "exact" and isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(whole.shape):
+        if not self.piecewise and isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(whole.shape):
             r0, r1, c0, c1 = self.rects[index][self.rank]
             return value.reshape(whole.view)[r0:r1, c0:c1].reshape(self.local.params[index].shape)
         return value
@@ -122,7 +122,7 @@ class FsdpShard:
         """``(param index, row, col, group, stack position)`` of every block this rank holds;
         rows and columns in the parameter's 2-D view (in local mode: in its piece's view)."""
         for i, p in enumerate(self.owned):
-            row, _, col, _ = self.owned_rects[i][self.rank] if self.mode == "exact" else (0, 0, 0, 0)
+            row, _, col, _ = self.owned_rects[i][self.rank] if not self.piecewise else (0, 0, 0, 0)
             for r in p.regions:
                 for k in range(r.count):
                     a, b = divmod(k, r.n_cols)
@@ -137,7 +137,7 @@ class FsdpShard:
     def gradient_blocks(self, plan: Plan, grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """This rank's owned gradient blocks, its pieces joined by the pieces that other ranks
         send (one all-to-all)."""
-        if self.mode == "local":
+        if self.piecewise:
             return gather(self.local, grads, plan.dtype)
         pieces = [_view_of(p, g).to(plan.dtype) for p, g in zip(self.local.params, grads)]
         owned = self._move(pieces, self.rects, self.owned_rects, plan.dtype, None)
@@ -150,7 +150,7 @@ class FsdpShard:
         that others hold back: one all-to-all); None for AdamW and empty parameters."""
         dtype = plan.dtype
         owned = [scatter_param(p, directions) if p.regions else _nothing(p, dtype, directions) for p in self.owned]
-        if self.mode == "exact":
+        if not self.piecewise:
             owned = self._move(owned, self.owned_rects, self.rects, dtype, comm_dtype)
         return [x.reshape(p.shape) if p.kind not in (ADAMW, EMPTY) else None for p, x in zip(self.local.params, owned)]
 
@@ -278,17 +278,17 @@ def row_layout(plan: Plan, rank: int, world_size: int, group_name: str | None = 
     return Layout(rank, world_size, group_name if world_size > 1 else None, rects, shapes, ())
 
 
-def make_fsdp_shard(plan: Plan, layout: Layout, mode: str, one_dim: str) -> FsdpShard:
-    """This rank's part of ``plan`` when the parameters lie as ``layout`` says; ``mode`` "exact"
-    or "aligned" (whose plan's blocks are those of the tensor-parallel pieces, moved alike)."""
+def make_fsdp_shard(plan: Plan, layout: Layout, piecewise: bool, one_dim: str) -> FsdpShard:
+    """This rank's part of ``plan`` when the parameters lie as ``layout`` says: the plan's
+    blocks (as one process cuts them, or for "aligned" as it cuts the tensor-parallel pieces,
+    moved alike), or with ``piecewise`` blocks cut at every piece's edges."""
     rank, world = layout.rank, layout.world_size
-    mode = "exact" if mode == "aligned" else mode
     group_name = layout.group_name if world > 1 else None
     rects = layout.rects
-    if mode == "local":  # each piece is a whole problem of its own
+    if piecewise:  # each piece is a whole problem of its own
         specs = [(p.name, shape, p.dtype) for p, shape in zip(plan.params, layout.shapes)]
         local = make_plan(specs, plan.block_size, one_dim, {p.name: p.batch_dims for p in plan.params}, plan.thin_ratio)
-        return FsdpShard(rank, world, group_name, mode, local, local.params, rects, rects, False, layout.placed)
+        return FsdpShard(rank, world, group_name, piecewise, local, local.params, rects, rects, False, layout.placed)
     owned_rects = plan_tiles(plan, rects, world)[0]
     owned, counts = _owned_regions(plan, owned_rects, rank)
     groups = lay_out_factors([(g.rows, g.cols, g.sides, n) for g, n in zip(plan.groups, counts)])
@@ -298,7 +298,7 @@ def make_fsdp_shard(plan: Plan, layout: Layout, mode: str, one_dim: str) -> Fsdp
         plan, params=params, groups=groups, factors=stack_sizes(groups), adamw_numel=adamw_numel
     )
     moved = moved_elements(plan, rects, owned_rects) + moved_elements(plan, owned_rects, rects) > 0
-    return FsdpShard(rank, world, group_name, mode, local, owned, rects, owned_rects, moved, layout.placed)
+    return FsdpShard(rank, world, group_name, piecewise, local, owned, rects, owned_rects, moved, layout.placed)
 
 
 def sent_elements(plan: Plan, have, want) -> list[int]:

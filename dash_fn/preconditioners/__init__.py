@@ -14,7 +14,7 @@ from .unit import Directions, Preconditioner
 
 UNITS: dict[str, Preconditioner] = {unit.name: unit for unit in (Shampoo(), EigenvalueCorrected())}
 
-__all__ = ["UNITS", "Directions", "Preconditioner", "unit_for", "resolve_solver", "config_products"]
+__all__ = ["UNITS", "Directions", "Preconditioner", "unit_for", "resolve_solver", "fields_read", "config_products"]
 
 
 def unit_for(config: DashConfig) -> Preconditioner:
@@ -25,6 +25,13 @@ def unit_for(config: DashConfig) -> Preconditioner:
 def resolve_solver(config: DashConfig, strategy: Strategy) -> str:
     """The solver a config's refresh runs under a strategy (:meth:`Preconditioner.solver`)."""
     return unit_for(config).solver(config, strategy)
+
+
+def fields_read(config: DashConfig, solver: str) -> tuple[str, ...]:
+    """The DashConfig fields a config's refresh reads under ``solver`` (as resolved: "auto"
+    picks per device, :func:`resolve_solver`): its knobs, the one list of them. The other
+    solver knobs do nothing there."""
+    return unit_for(config).fields_read(config, solver)
 
 
 def config_products(config: DashConfig, device: torch.device, dtype: torch.dtype = torch.float32) -> Products:

@@ -5,6 +5,7 @@ direction rotated back; no grafting (Adam's second moment in the basis sets each
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -15,7 +16,7 @@ from ..roots.basis import eigenbasis, qr_basis
 from ..roots.identity import identity_matrix
 from ..roots.masking import finite_blocks
 from ..roots.matmul import Products
-from ..schedule import DUE_BLOCKS_KEY, due_block_tables, due_blocks, staggers
+from ..schedule import DUE_BLOCKS_KEY, due_block_tables, due_blocks, staggered, staggers
 from ..strategy import Strategy
 from .unit import Directions, Preconditioner
 
@@ -47,6 +48,10 @@ class EigenvalueCorrected(Preconditioner):
         for g, blocks, old in before:
             _rotate_gradient_ema(ctx, g, blocks, old)
 
+    def fields_read(self, config: DashConfig, solver: str) -> tuple[str, ...]:
+        """eigh's bases read nothing of the config; orthogonal iteration its ``qr_steps``."""
+        return BASES[solver].reads
+
     def solve(
         self,
         factors: torch.Tensor,
@@ -67,10 +72,7 @@ class EigenvalueCorrected(Preconditioner):
         if not strategy.holds(finite_factor):
             identity = identity_matrix(factors.shape[-1], factors.dtype, factors.device)
             safe = torch.where(finite_factor[:, None, None], factors, identity)
-        if self.solver(config, strategy) == "eigh":
-            new = eigenbasis(safe, strategy.cpu_ops)
-        else:
-            new = qr_basis(safe, old, config.qr_steps, products.of("qr"))
+        new = BASES[self.solver(config, strategy)].solve(safe, old, config, strategy, products)
         ok = finite_factor & finite_blocks(new)
         return strategy.select(ok[:, None, None], new, old).contiguous(), ~ok
 
@@ -93,6 +95,22 @@ class EigenvalueCorrected(Preconditioner):
         return Directions(D if right is None else rotate(D, right.mT), None, False)
 
 
+class BasisSolver(NamedTuple):
+    """``solve(factors, previous bases, config, strategy, products) -> new bases`` (5.7), and
+    the DashConfig fields it ``reads``."""
+
+    solve: Callable
+    reads: tuple[str, ...]
+
+
+BASES = {
+    "eigh": BasisSolver(lambda X, old, config, strategy, products: eigenbasis(X, strategy.cpu_ops), ()),
+    "qr": BasisSolver(
+        lambda X, old, config, strategy, products: qr_basis(X, old, config.qr_steps, products.of("qr")), ("qr_steps",)
+    ),
+}
+
+
 def _bases_before(ctx: StepContext, every: bool) -> list:
     """``[(g, blocks, bases)]``: for each group, the blocks this step may refresh (the
     staggered schedule's due blocks; None: all, as on a step that refreshes ``every`` root) and
@@ -100,7 +118,7 @@ def _bases_before(ctx: StepContext, every: bool) -> list:
     found = []
     for g, group in enumerate(ctx.local.groups):
         blocks = None
-        if ctx.config.refresh_schedule == "staggered" and not every:
+        if staggered(ctx.config) and not every:
             blocks = due_blocks(ctx.state[DUE_BLOCKS_KEY, str(g)], ctx.t, ctx.config)
         # (all of them: copied, as the refresh writes them in place)
         bases = [None if side is None else ctx.stored(group, side, blocks) for side in (group.left, group.right)]

@@ -8,12 +8,12 @@ import math
 
 import torch
 
-from ..config import DashConfig, ndb_serves
+from ..config import DashConfig
 from ..context import StepContext
-from ..roots import refresh_roots
+from ..roots import fields_read, refresh_roots, resolve_solver
 from ..roots.matmul import Products
 from ..roots.scaling import root
-from ..schedule import SCHEDULE_KEY, has_root
+from ..schedule import SCHEDULE_KEY, has_root, staggered
 from ..strategy import Strategy
 from .unit import Directions, Preconditioner
 
@@ -26,10 +26,13 @@ class Shampoo(Preconditioner):
     # accelerators' solver); bfloat16 did not (benchmarks/RESULTS.md, "Precision of the products")
     auto_precision = "float16"
 
-    def accelerator_solver(self, config: DashConfig) -> str:
-        """NDB for roots of a power-of-two order (its square roots compose them), coupled
-        Newton for any other."""
-        return "ndb" if ndb_serves(config.resolved_root_order) else "cn"
+    def solver(self, config: DashConfig, strategy: Strategy) -> str:
+        """The root solver (:func:`dash_fn.roots.resolve_solver`)."""
+        return resolve_solver(config, strategy)
+
+    def fields_read(self, config: DashConfig, solver: str) -> tuple[str, ...]:
+        """The root solver's (:func:`dash_fn.roots.fields_read`)."""
+        return fields_read(config, solver)
 
     def solve(
         self,
@@ -63,7 +66,7 @@ class Shampoo(Preconditioner):
         if group.diagonal_dim is not None:  # a thin block's long side (docs/ALGORITHM.md 2.5)
             A = ctx.state["groups", str(g), "A"].to(local.dtype)
             U = U * diagonal_root(A, group.diagonal_dim, config.resolved_root_order, config.eps, config.eps_rel)
-        if config.refresh_schedule == "staggered":  # a block's Adam direction until its first refresh
+        if staggered(config):  # a block's Adam direction until its first refresh
             side = group.factor_sides[0]
             ready = has_root(ctx.state[SCHEDULE_KEY, str(side.stack)], side.offset, group.count, ctx.t, config)
             return Directions(D, U, ready[:, None, None])

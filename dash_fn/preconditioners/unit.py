@@ -55,6 +55,10 @@ class Preconditioner:
             return config.solver
         return "eigh" if strategy.cpu_ops else self.accelerator_solver(config)
 
+    def fields_read(self, config: DashConfig, solver: str) -> tuple[str, ...]:
+        """The DashConfig fields its refresh reads under ``solver`` (the solver's knobs)."""
+        raise NotImplementedError
+
     def accelerator_solver(self, config: DashConfig) -> str:
         """What "auto" picks off the CPU: a matmul-only iteration."""
         raise NotImplementedError

@@ -12,6 +12,7 @@ strategies run it as an op of their own (:mod:`dash_fn.roots.eigh_cpu`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -25,6 +26,7 @@ from .identity import identity_matrix
 from .masking import finite_blocks
 from .matmul import PLAIN, Products, products_for
 from .ndb import ndb_inverse_root
+from .scaling import SCALINGS
 
 
 def _eigh(X: torch.Tensor, p: int, config: DashConfig, start: torch.Tensor | None, product: Products = PLAIN):
@@ -32,15 +34,44 @@ def _eigh(X: torch.Tensor, p: int, config: DashConfig, start: torch.Tensor | Non
     return eigh_inverse_root(X, p, eps=config.eps, heuristic=config.eigh_heuristic, eps_rel=config.eps_rel)
 
 
-# solver name -> fn(X, p, config, start_vectors, product=PLAIN) -> X^{-1/p}, the device forms
-Solver = Callable[..., torch.Tensor]
-MATMUL_SOLVERS = ("cn", "ndb", "chebyshev")
-SOLVERS: dict[str, Solver] = {
-    "eigh": _eigh,
-    "cn": cn_inverse_root,
-    "ndb": ndb_inverse_root,
-    "chebyshev": chebyshev_inverse_root,
+@dataclass(frozen=True)
+class RootSolver:
+    """A root solver as a refresh runs it.
+
+    ``root``: fn(X, p, config, start_vectors, product=PLAIN) -> X^{-1/p}, the device form.
+    ``reads``: the DashConfig fields it reads (its knobs; the one list of them), besides the
+    scaling's where it is ``scaled`` (matrix iterations that need the spectrum in a known
+    interval: :data:`dash_fn.roots.scaling.SCALINGS`). ``workspace``: the temporaries it holds at
+    its peak, in blocks per block solved (with its output block), measured with
+    benchmarks/peak_memory.py (tests/test_refresh_memory.py keeps them true). ``cpu_root``: its
+    form on the CPU's own ops (fn(X, p, eps, heuristic, eps_rel)), and ``cpu_workers`` what that
+    form starts before a step runs; None where the device form serves the CPU too."""
+
+    root: Callable[..., torch.Tensor]
+    reads: tuple[str, ...]
+    workspace: int
+    scaled: bool
+    cpu_root: Callable[..., torch.Tensor] | None = None
+    cpu_workers: Callable[[], None] | None = None
+
+    def __call__(self, X: torch.Tensor, p: int, config: DashConfig, start, product=PLAIN) -> torch.Tensor:
+        """The device form: ``X^{-1/p}`` of a stack."""
+        return self.root(X, p, config, start, product)
+
+
+SOLVERS: dict[str, RootSolver] = {
+    "eigh": RootSolver(_eigh, ("eps", "eps_rel", "eigh_heuristic"), 5, False, eigh_root, start_workers),
+    "cn": RootSolver(cn_inverse_root, ("eps", "eps_rel", "newton_steps", "cn_tol", "cn_masking"), 8, True),
+    "ndb": RootSolver(ndb_inverse_root, ("eps", "eps_rel", "newton_steps", "ndb_tol", "ndb_masking"), 12, True),
+    "chebyshev": RootSolver(chebyshev_inverse_root, ("cheb_degree", "cheb_eps"), 7, True),
 }
+
+
+def fields_read(config: DashConfig, solver: str) -> tuple[str, ...]:
+    """The DashConfig fields a root solver reads under the config's scaling: its own knobs
+    and, for a scaled solver, the scaling's (every other solver knob does nothing there)."""
+    entry = SOLVERS[solver]
+    return entry.reads + (SCALINGS[config.scaling].reads if entry.scaled else ())
 
 
 def resolve_solver(config: DashConfig, strategy: Strategy) -> str:
@@ -61,24 +92,26 @@ def prepare(config: DashConfig, solver: str, strategy: Strategy) -> None:
     """Check that ``solver`` (what ``auto`` picks) serves the config (:func:`check_solver_options`)
     and start what its form needs before a step runs: the CPU eigh op's threads."""
     check_solver_options(config, solver)
-    if solver == "eigh" and strategy.cpu_ops:
-        start_workers()
+    workers = SOLVERS[solver].cpu_workers if solver in SOLVERS else None
+    if workers is not None and strategy.cpu_ops:
+        workers()
 
 
 def solve(
     solver: str, X: torch.Tensor, p: int, config: DashConfig, start, strategy: Strategy, products: Products = PLAIN
 ) -> torch.Tensor:
-    """``X^{-1/p}`` of a stack by the named solver, in the strategy's form (eigh: the CPU's
-    threaded op where its ops serve, :mod:`dash_fn.roots.eigh_cpu`), its products in
-    ``products``' precision where it serves the solver (:meth:`Products.of`)."""
-    if solver == "eigh" and strategy.cpu_ops:
-        return eigh_root(X, p, config.eps, config.eigh_heuristic, config.eps_rel)
-    return SOLVERS[solver](X, p, config, start, products.of(solver))
+    """``X^{-1/p}`` of a stack by the named solver, in the strategy's form (the CPU's own op
+    where its ops serve and the solver has one: eigh's threaded op, :mod:`dash_fn.roots.eigh_cpu`),
+    its products in ``products``' precision where it serves the solver (:meth:`Products.of`)."""
+    entry = SOLVERS[solver]
+    if entry.cpu_root is not None and strategy.cpu_ops:
+        return entry.cpu_root(X, p, config.eps, config.eigh_heuristic, config.eps_rel)
+    return entry.root(X, p, config, start, products.of(solver))
 
 
 def uses_start_vectors(config: DashConfig, solver: str) -> bool:
     """Whether the solver scales by power iteration, which needs stored start vectors."""
-    return solver in MATMUL_SOLVERS and config.scaling in ("pi", "pim")
+    return solver in SOLVERS and SOLVERS[solver].scaled and SCALINGS[config.scaling].vectors(config) > 0
 
 
 def start_vectors(size: int, config: DashConfig, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
@@ -96,7 +129,7 @@ def start_vectors(size: int, config: DashConfig, dtype: torch.dtype = torch.floa
     Returns:
         A (size, k) tensor of unit columns.
     """
-    k = config.pim_vectors if config.scaling == "pim" else 1
+    k = SCALINGS[config.scaling].vectors(config)
     generator = torch.Generator().manual_seed(config.scaling_seed * 1_000_003 + size)
     V = torch.randn(size, k, generator=generator, dtype=torch.float64)
     V = V / V.norm(dim=0, keepdim=True)
@@ -144,9 +177,6 @@ def inverse_root(
     return solve(solver, stack, p, config, start, strategy, products_for(config.precision, stack.device, stack.dtype))
 
 
-# Temporaries a solver holds at its peak, in blocks per block solved (with its output block),
-# measured with benchmarks/peak_memory.py (tests/test_refresh_memory.py keeps them true).
-WORKSPACE = {"eigh": 5, "ndb": 12, "cn": 8, "chebyshev": 7}
 # Temporaries below this many bytes are never cut up: small chunks would starve a GPU, and each
 # chunk is one more unrolled copy of the solver in a compiled graph, whose compile time grows
 # with its ops (tests/test_graph_size.py). A GPU holds this much many times over.
@@ -157,7 +187,7 @@ def chunk_blocks(count: int, block_bytes: int, solver: str) -> int:
     """Blocks solved at once so that the solver's temporaries stay within one stack of
     ``count`` blocks (or within SMALL_WORKSPACE, whichever is larger)."""
     allowed = max(count * block_bytes, SMALL_WORKSPACE)
-    return max(1, min(count, allowed // (WORKSPACE[solver] * block_bytes)))
+    return max(1, min(count, allowed // (SOLVERS[solver].workspace * block_bytes)))
 
 
 def refresh_roots(
@@ -191,7 +221,8 @@ def refresh_roots(
     """
     strategy = strategy or for_device(factors.device)
     solver = resolve_solver(config, strategy)
-    if solver == "eigh" and strategy.cpu_ops and not strategy.host_reads:
+    cpu_form = SOLVERS[solver].cpu_root is not None and strategy.cpu_ops
+    if cpu_form and not strategy.host_reads:
         # eps and eps_rel as a tensor: a compiled step that met other values before gets them
         # as symbolic floats, which the op's float arguments cannot take
         eps = torch.tensor([config.eps, config.eps_rel], dtype=torch.float64)
@@ -199,7 +230,7 @@ def refresh_roots(
     count, size = factors.shape[0], factors.shape[-1]
     chunk = chunk_blocks(count, size * size * factors.element_size(), solver)
     finite_factor = finite_blocks(factors)
-    if chunk >= count or (solver == "eigh" and strategy.holds(finite_factor)):
+    if chunk >= count or (cpu_form and strategy.holds(finite_factor)):
         return _refresh_chunk(factors, roots, finite_factor, p, config, start, solver, strategy, products)
     out = torch.empty_like(roots)
     fell_back = []

@@ -34,6 +34,16 @@ def eigh_inverse_root(X: torch.Tensor, p: int, *, eps: float, heuristic: str, ep
     return out[..., :b, :b].contiguous()
 
 
+# eigh's maps from the eigenvalues mu of X + eps I (lam = mu - eps, X's own) to the spectrum
+# that is inverted, and whether eigenvalues of X below eps are dropped (docs/ALGORITHM.md 5.1)
+HEURISTICS = {
+    "shampoo": lambda mu, lam, eps: (mu - torch.clamp(lam.amin(dim=-1, keepdim=True), max=0.0), False),
+    "abs": lambda mu, lam, eps: (mu.abs(), False),
+    "abs_add": lambda mu, lam, eps: (lam.abs() + eps, False),
+    "relu": lambda mu, lam, eps: (mu, True),
+}
+
+
 def spectral_root(
     mu: torch.Tensor,
     Q: torch.Tensor,
@@ -48,18 +58,9 @@ def spectral_root(
     A padded block's extra eigenvalue is ``max |X_ii|``, at most lambda_max for PSD X: the
     floor is X's own."""
     lam = mu - eps
-    if heuristic == "shampoo":
-        d = mu - torch.clamp(lam.amin(dim=-1, keepdim=True), max=0.0)
-    elif heuristic == "abs":
-        d = mu.abs()
-    elif heuristic == "abs_add":
-        d = lam.abs() + eps
-    elif heuristic == "relu":
-        d = mu
-    else:
-        raise ValueError(f"unknown eigh heuristic {heuristic!r}")
+    d, below_eps_dropped = HEURISTICS[heuristic](mu, lam, eps)
     scale = 1 / root(d, p)
-    if heuristic == "relu":
+    if below_eps_dropped:
         scale = torch.where(lam < eps, torch.zeros_like(scale), scale)
     if eps_rel > 0:
         floor = eps_rel * lam.amax(dim=-1, keepdim=True)

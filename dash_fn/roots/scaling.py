@@ -18,6 +18,10 @@ so blocks scaled by 1e20 or 1e-20 get finite, proportional scales in float32.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 
 from ..config import DashConfig
@@ -123,10 +127,42 @@ def rayleigh_estimates(X: torch.Tensor, V0: torch.Tensor, steps: int, damping: f
 
 
 def power_iteration_scale(X: torch.Tensor, V0: torch.Tensor, config: DashConfig) -> torch.Tensor:
-    """``scaling_const * max_j lambda_hat_j`` per block (K, 1, 1); ``pi`` uses only ``V0[:, 0]``."""
-    vectors = V0[:, :1] if config.scaling == "pi" else V0
-    estimates = rayleigh_estimates(X, vectors, config.pi_steps, config.eps_power_iter)
+    """``scaling_const * max_j lambda_hat_j`` per block (K, 1, 1), from the columns of ``V0``."""
+    estimates = rayleigh_estimates(X, V0, config.pi_steps, config.eps_power_iter)
     return config.scaling_const * estimates.amax(dim=-1)[:, None, None]
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """One way to scale (the module doc): ``vectors``, how many start vectors it needs;
+    ``reads``, the DashConfig fields it reads; ``estimate``, the unfloored scale of X (in the
+    scaling dtype) from the start vectors; ``largest``, its own estimate of lambda_max from the
+    scale s."""
+
+    vectors: Callable[[DashConfig], int]
+    reads: tuple[str, ...]
+    estimate: Callable[[torch.Tensor, DashConfig, Any], torch.Tensor]  # (X, config, V0: None under fro)
+    largest: Callable[[torch.Tensor, DashConfig], torch.Tensor]
+
+
+_POWER_ITERATION = ("scaling", "scaling_dtype", "scaling_const", "pi_steps", "eps_power_iter", "scaling_seed")
+SCALINGS = {
+    "fro": Scaling(
+        lambda config: 0, ("scaling", "scaling_dtype"), lambda X, config, V0: frobenius_scale(X), lambda s, config: s
+    ),
+    "pi": Scaling(
+        lambda config: 1,
+        _POWER_ITERATION,
+        lambda X, config, V0: power_iteration_scale(X, V0[:, :1], config),
+        lambda s, config: s / config.scaling_const,
+    ),
+    "pim": Scaling(
+        lambda config: config.pim_vectors,
+        (*_POWER_ITERATION, "pim_vectors"),
+        lambda X, config, V0: power_iteration_scale(X, V0, config),
+        lambda s, config: s / config.scaling_const,
+    ),
+}
 
 
 def matrix_scale(X: torch.Tensor, config: DashConfig, V0: torch.Tensor | None) -> torch.Tensor:
@@ -135,15 +171,11 @@ def matrix_scale(X: torch.Tensor, config: DashConfig, V0: torch.Tensor | None) -
     Computed in the wider of X's dtype and ``config.scaling_dtype``, then floored at 1e-30 so
     that zero blocks (with eps = 0) give a finite, positive scale.
     """
+    scaling = SCALINGS[config.scaling]
+    if scaling.vectors(config) and V0 is None:
+        raise ValueError(f"scaling={config.scaling!r} needs start vectors (dash_fn.roots.start_vectors)")
     dtype = torch.promote_types(X.dtype, getattr(torch, config.scaling_dtype))
-    Xs = X.to(dtype)
-    if config.scaling == "fro":
-        s = frobenius_scale(Xs)
-    else:
-        if V0 is None:
-            raise ValueError(f"scaling={config.scaling!r} needs start vectors (dash_fn.roots.start_vectors)")
-        s = power_iteration_scale(Xs, V0, config)
-    return s.clamp_min(SCALE_FLOOR).to(X.dtype)
+    return scaling.estimate(X.to(dtype), config, V0).clamp_min(SCALE_FLOOR).to(X.dtype)
 
 
 def relatively_damped(Xr: torch.Tensor, s: torch.Tensor, config: DashConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,6 +185,6 @@ def relatively_damped(Xr: torch.Tensor, s: torch.Tensor, config: DashConfig) -> 
     the new scale stands to the shifted spectrum as the old one to Xr's."""
     if config.eps_rel == 0:
         return Xr, s
-    lambda_hat = s if config.scaling == "fro" else s / config.scaling_const
+    lambda_hat = SCALINGS[config.scaling].largest(s, config)
     identity = identity_matrix(Xr.shape[-1], Xr.dtype, Xr.device)
     return Xr + (config.eps_rel * lambda_hat) * identity, s * (1 + config.eps_rel)

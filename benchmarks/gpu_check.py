@@ -593,8 +593,9 @@ def peer_rows(report: Report, deadline: Deadline, args, device, shapes, label, m
 
 
 TRAIN_LM_WITH_STAND_IN = (  # the dry run's train_lm: "auto" resolves as on a GPU, through the stand-in
-    "import runpy, sys; from benchmarks import tensor_core_stand_in; "
-    "tensor_core_stand_in.register_for_the_process(); sys.argv = sys.argv[1:]; "
+    # (run_module's alter_sys puts the module's file in sys.argv[0], the "-c", and keeps the rest)
+    "import runpy; from benchmarks import tensor_core_stand_in; "
+    "tensor_core_stand_in.register_for_the_process(); "
     "runpy.run_module('examples.train_lm', run_name='__main__', alter_sys=True)"
 )
 

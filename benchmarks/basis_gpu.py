@@ -1,7 +1,7 @@
 """What an eigenbasis refresh costs on the device, and whether each form syncs (issue 40).
 
-    python benchmarks/basis_gpu.py --out basis.md          # on a CUDA machine
-    python benchmarks/basis_gpu.py --dry-run --out dry.md  # on the CPU: tiny stacks (checks the script)
+    python -m benchmarks.basis_gpu --out basis.md          # on a CUDA machine
+    python -m benchmarks.basis_gpu --dry-run --out dry.md  # on the CPU: tiny stacks (checks the script)
 
 The eigenvalue-corrected preconditioner needs each factor's eigenbasis. Two ways to refresh a
 stack of them: ``torch.linalg.eigh`` (exact; on CUDA it reads cuSOLVER's error flags on the

@@ -1,6 +1,6 @@
 """The package's shape: import graph, cycles, lines per module, largest functions, device reads.
 
-    python benchmarks/code_shape.py [ROOT]    # ROOT: a checkout (default: this one)
+    python -m benchmarks.code_shape [ROOT]    # ROOT: a checkout (default: this one)
 
 Arrows are the imports of ``dash_fn`` modules by ``dash_fn`` modules, function-level ones
 included; importing a submodule runs its package's ``__init__``, so that is an arrow too.

@@ -1,6 +1,6 @@
 """What the first compiled step costs: ``DASH(model.parameters(), compile=True)`` on the main job's model.
 
-    python benchmarks/compile_cost.py [--steps 10]
+    python -m benchmarks.compile_cost [--steps 10]
 
 Each row is a fresh Python process (as a user's training run is) stepping the main job's
 Llama (examples/train_lm.py's default size) with the compiled adapter: the first step's wall
@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from machine import machine_line
+from benchmarks.machine import machine_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,7 +29,7 @@ RUN = """
 import json, statistics, sys, time
 import torch
 import dash_fn
-from llama import Llama, LlamaConfig, next_byte_loss
+from examples.llama import Llama, LlamaConfig, next_byte_loss
 
 compile_, steps = sys.argv[1] == "compiled", int(sys.argv[2])
 torch.manual_seed(0)
@@ -47,7 +47,7 @@ print(json.dumps({"first": times[0], "median": statistics.median(times[1:])}))
 
 
 def run(kind: str, steps: int, cache: str) -> dict:
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "PYTHONPATH": str(ROOT / "examples")}
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "PYTHONPATH": str(ROOT)}  # where the examples package is
     env.pop("TORCHINDUCTOR_FX_GRAPH_CACHE", None)
     out = subprocess.run(
         [sys.executable, "-c", RUN, kind, str(steps)], env=env, capture_output=True, text=True, check=True

@@ -1,7 +1,7 @@
 """On which models ``DASH(compile=True)`` pays on a CPU, and what ``retain_freed_cpu_memory`` gives.
 
-    python benchmarks/cpu_compile_pays.py                 # every model, 3 rounds of 20 steps
-    python benchmarks/cpu_compile_pays.py --models mlp    # one model
+    python -m benchmarks.cpu_compile_pays                 # every model, 3 rounds of 20 steps
+    python -m benchmarks.cpu_compile_pays --models mlp    # one model
 
 For each model the adapter's step (fixed gradients, the defaults, a warm-up of 12 steps that
 compiles and passes every root phase) eager and compiled with Inductor, timed in alternating
@@ -23,12 +23,11 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
+import dash_fn
+from benchmarks.machine import machine_line
+from examples.llama import Llama, LlamaConfig
 
-import dash_fn  # noqa: E402
-from llama import Llama, LlamaConfig  # noqa: E402
-from machine import machine_line  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _transformer() -> torch.nn.Module:
@@ -94,9 +93,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     sides = {}
     for retain in ("no", "yes"):
-        command = [sys.executable, __file__, "--retain", retain, "--rounds", str(args.rounds)]
+        command = [sys.executable, "-m", "benchmarks.cpu_compile_pays", "--retain", retain]
+        command += ["--rounds", str(args.rounds)]
         command += ["--steps", str(args.steps), "--models", *args.models]
-        out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+        out = subprocess.run(command, cwd=ROOT, check=True, capture_output=True, text=True).stdout
         sides[retain] = json.loads(out.strip().splitlines()[-1])
     print(f"machine: {machine_line()}; DashConfig() defaults\n")
     print(

@@ -1,7 +1,7 @@
 """Where a CPU step of ``DASH(compile=True)`` goes, beside the eager step, on the main job's model.
 
-    python benchmarks/cpu_compiled_profile.py            # 3 rounds of 20 steps each, then profiles
-    python benchmarks/cpu_compiled_profile.py --quick    # 1 round of 3 steps, short profiles
+    python -m benchmarks.cpu_compiled_profile            # 3 rounds of 20 steps each, then profiles
+    python -m benchmarks.cpu_compiled_profile --quick    # 1 round of 3 steps, short profiles
 
 The main job's byte-level Llama (``examples/train_lm.py``'s default size and block size, 128)
 with fixed gradients and the defaults otherwise (staggered eigh refresh every 10 steps): the eager and the
@@ -14,18 +14,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
-
-import dash_fn  # noqa: E402
-from llama import Llama, LlamaConfig  # noqa: E402
-from machine import machine_line  # noqa: E402
+import dash_fn
+from benchmarks.machine import machine_line
+from examples.llama import Llama, LlamaConfig
 
 
 def optimizer(compile: bool, block_size: int) -> dash_fn.DASH:

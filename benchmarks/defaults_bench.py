@@ -2,9 +2,9 @@
 setting, the main job's setting and the tuned preset, beside AdamW, on the main job's model (or
 benchmarks/peers.py's), as a markdown table.
 
-    python benchmarks/defaults_bench.py              # examples/train_lm.py's default Llama, the first four
-    python benchmarks/defaults_bench.py --quick      # a tiny model: a smoke run
-    python benchmarks/defaults_bench.py --peers-model 1024 --only defaults tuned   # peers.py's model
+    python -m benchmarks.defaults_bench              # examples/train_lm.py's default Llama, the first four
+    python -m benchmarks.defaults_bench --quick      # a tiny model: a smoke run
+    python -m benchmarks.defaults_bench --peers-model 1024 --only defaults tuned   # peers.py's model
 
 The model is examples/llama.py's Llama at examples/train_lm.py's default sizes (d_model 128, 2
 layers, 4 heads, SwiGLU 341, context 64, batch 16). One backward pass on one fixed batch gives
@@ -43,19 +43,16 @@ import dataclasses
 import math
 import os
 import statistics
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
-
-import dash_fn  # noqa: E402
-from dash_fn.roots import resolve_solver  # noqa: E402
-from dash_fn.strategy import for_device  # noqa: E402
-from llama import Llama, LlamaConfig, next_byte_loss  # noqa: E402
-from machine import machine_line  # noqa: E402
-from peers import make_model  # noqa: E402
+import dash_fn
+from benchmarks.machine import machine_line
+from benchmarks.peers import make_model
+from dash_fn.roots import resolve_solver
+from dash_fn.strategy import for_device
+from examples.llama import Llama, LlamaConfig, next_byte_loss
 
 LR = 3e-3
 

@@ -1,8 +1,8 @@
 """The eigh refresh against its floor: the same eighs as independent single-threaded LAPACK calls on every core.
 
-    python benchmarks/eigh_floor.py                         # peers.py's model: 3 x (1024, 1024), block 256
-    python benchmarks/eigh_floor.py --d-model 2048 --reps 5
-    python benchmarks/eigh_floor.py --quick                 # tiny sizes: a smoke run
+    python -m benchmarks.eigh_floor                         # peers.py's model: 3 x (1024, 1024), block 256
+    python -m benchmarks.eigh_floor --d-model 2048 --reps 5
+    python -m benchmarks.eigh_floor --quick                 # tiny sizes: a smoke run
 
 dash_fn's state for peers.py's model (3 x Linear(d, d), block 256, eigh) takes one step on
 random gradients, so that its factor stacks hold G G^T; the stacks
@@ -27,18 +27,15 @@ import argparse
 import multiprocessing
 import os
 import statistics
-import sys
 import time
 
 import torch
 
 import dash_fn
+from benchmarks.machine import machine_line
+from benchmarks.plain_step import timed
 from dash_fn.roots import refresh_roots
 from dash_fn.roots.eigh_cpu import eigh_root
-
-sys.path.insert(0, os.path.dirname(__file__))
-from machine import machine_line  # noqa: E402
-from plain_step import timed  # noqa: E402
 
 
 def factor_stacks(d: int, block: int) -> tuple[list[torch.Tensor], dash_fn.DashConfig, list[int]]:

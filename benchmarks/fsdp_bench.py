@@ -1,8 +1,8 @@
 """FSDP2 row shards: state, step time and bytes moved per rank, exact blocks against local blocks.
 
-    python benchmarks/fsdp_bench.py                    # measured (W = 1, 2) and planner tables
-    python benchmarks/fsdp_bench.py --planner-only     # Llama 953M planner table only (no processes)
-    python benchmarks/fsdp_bench.py --d-model 1024 --block-size 512 --world-sizes 1 2 4 --threads 1
+    python -m benchmarks.fsdp_bench                    # measured (W = 1, 2) and planner tables
+    python -m benchmarks.fsdp_bench --planner-only     # Llama 953M planner table only (no processes)
+    python -m benchmarks.fsdp_bench --d-model 1024 --block-size 512 --world-sizes 1 2 4 --threads 1
 
 **Measured.** For each W, W gloo processes on this machine hold every parameter of the
 Llama-like layer of step_bench.py (4 x (d, d), (4d, d), (d, 4d)) as a ``Shard(0)`` DTensor, the
@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 
@@ -47,14 +46,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-import dash_fn  # noqa: E402
-from dash_fn.distributed.fsdp import band_plan, local_shape, plan_tiles, row_rects, sent_elements  # noqa: E402
-from dash_fn.distributed.ownership import block_cost  # noqa: E402
-from dash_fn.plan import ADAMW, EMPTY, make_plan  # noqa: E402
-from state_memory import state_bytes  # noqa: E402
-from step_bench import layer_shapes  # noqa: E402
+import dash_fn
+from benchmarks.state_memory import state_bytes
+from benchmarks.step_bench import layer_shapes
+from dash_fn.distributed.fsdp import band_plan, local_shape, plan_tiles, row_rects, sent_elements
+from dash_fn.distributed.ownership import block_cost
+from dash_fn.plan import ADAMW, EMPTY, make_plan
 
 MODES = ("exact", "local")
 BYTES = 4  # float32 rows (comm_dtype=None)

@@ -1,11 +1,11 @@
 """The GPU check: does DASH's default pay on a GPU, and is every number it gives right?
 
-    python benchmarks/gpu_check.py --out gpu.md           # on a CUDA machine (benchmarks/gpu_day.sh runs it)
-    python benchmarks/gpu_check.py --dry-run --out dry.md # on CPU: tiny shapes, aot_eager, the accelerator
+    python -m benchmarks.gpu_check --out gpu.md           # on a CUDA machine (benchmarks/gpu_day.sh runs it)
+    python -m benchmarks.gpu_check --dry-run --out dry.md # on CPU: tiny shapes, aot_eager, the accelerator
                                                           # strategy simulated and the tensor-core stand-in
                                                           # registered (checks the script, in CI)
-    python benchmarks/gpu_check.py --skip syncs accuracy  # leave out sections already proven
-    python benchmarks/gpu_check.py --limits               # on CPU: the emulated figures the limits come from
+    python -m benchmarks.gpu_check --skip syncs accuracy  # leave out sections already proven
+    python -m benchmarks.gpu_check --limits               # on CPU: the emulated figures the limits come from
 
 One run of at most 8 minutes answers, in this order (``--only`` / ``--skip`` pick sections):
 
@@ -63,15 +63,12 @@ from collections.abc import Callable
 
 import torch
 
-TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")
-sys.path.insert(0, TESTS)
-
-import dash_fn  # noqa: E402
-from dash_fn.roots.matmul import LOW, products_for, tf32_bmm  # noqa: E402
-from dash_fn.strategy import simulated_accelerator  # noqa: E402
-from step_bench import bench, markdown, median_seconds, speedups  # noqa: E402
-from syncs import SyncCounter  # noqa: E402
-from tensor_core_stand_in import process_stand_in, tensor_core_stand_in  # noqa: E402
+import dash_fn
+from benchmarks.step_bench import bench, markdown, median_seconds, speedups
+from benchmarks.syncs import SyncCounter
+from benchmarks.tensor_core_stand_in import process_stand_in, tensor_core_stand_in
+from dash_fn.roots.matmul import LOW, products_for, tf32_bmm
+from dash_fn.strategy import simulated_accelerator
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 SECTIONS = ("shipped", "peers", "training", "syncs", "accuracy", "solvers", "precision", "bits", "variants")
@@ -112,9 +109,9 @@ VARIANT_BLOCK = {"953M layer": 1024, "tiny": 32}  # the paper's block, and the d
 SHIPPED_STEPS = 12  # a whole staggered cycle (every block's roots refreshed) and two steps more
 # ||W - W_float64|| / ||W_float64|| (largest over the parameters) after SHIPPED_STEPS steps of
 # the shipped step, per layer and resolved precision of its products, from the same steps with
-# the products emulated on the CPU (`python benchmarks/gpu_check.py --limits`, and with
-# --dry-run for the tiny layer; the figures in benchmarks/RESULTS.md, "The GPU check's limits"),
-# rounded up to one digit. float32: FLOAT32_FACTOR (10) times the figure, as the accuracy rows
+# the products emulated on the CPU (`python -m benchmarks.gpu_check --limits`, and with
+# --dry-run for the tiny layer; the figures in benchmarks/RESULTS.md, "The GPU check's third
+# edition and its limits"), rounded up to one digit. float32: FLOAT32_FACTOR (10) times the figure, as the accuracy rows
 # allow a device's float32 against the CPU's (a GPU's accumulation order and Inductor's fused
 # kernels round otherwise). float16: LIMIT_FACTOR (3) times, since its operands' rounding, the
 # same on any device, dominates; bfloat16 operands by mistake land 8x further. A float16 row
@@ -142,7 +139,7 @@ CORRECTED_CONFIG = DEFAULTS_CONFIG | dict(preconditioner="eigenvalue_corrected")
 # kernels round differently in float32 (the H200's rows, RESULTS "GPU", are well inside), and a float32
 # difference of one unit in the last place moves a float16 operand by one of its own units now
 # and then, which the steps carry (float16: 3x the emulated figure, rounded up, `python
-# benchmarks/gpu_check.py --limits`, benchmarks/RESULTS.md, "The GPU check's limits").
+# -m benchmarks.gpu_check --limits`, benchmarks/RESULTS.md, "The GPU check's third edition and its limits").
 COMPILED_TOLERANCE = {"float32": 1e-4, "float16": 3e-3}
 # ||W_float32 - W_float64|| / ||W_float64|| after 12 steps is float32 rounding amplified by the
 # factors' conditioning, which differs by solver (eigh's small eigenvalues carry an absolute error
@@ -596,9 +593,10 @@ def peer_rows(report: Report, deadline: Deadline, args, device, shapes, label, m
 
 
 TRAIN_LM_WITH_STAND_IN = (  # the dry run's train_lm: "auto" resolves as on a GPU, through the stand-in
-    "import runpy, sys; sys.path.insert(0, sys.argv[1]); import tensor_core_stand_in; "
-    "tensor_core_stand_in.register_for_the_process(); sys.argv = sys.argv[2:]; "
-    "runpy.run_path(sys.argv[0], run_name='__main__')"
+    # (run_module's alter_sys puts the module's file in sys.argv[0], the "-c", and keeps the rest)
+    "import runpy; from benchmarks import tensor_core_stand_in; "
+    "tensor_core_stand_in.register_for_the_process(); "
+    "runpy.run_module('examples.train_lm', run_name='__main__', alter_sys=True)"
 )
 
 
@@ -609,17 +607,17 @@ def training_rows(report: Report, deadline: Deadline, args, device) -> None:
     if args.dry_run:
         size = ["--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--steps", "4", "--batch", "2"]
         size += ["--eval-every", "2", "--eval-batches", "1", "--backend", "aot_eager", "--corpus-bytes", "200000"]
-        launch = [sys.executable, "-c", TRAIN_LM_WITH_STAND_IN, TESTS]
+        launch = [sys.executable, "-c", TRAIN_LM_WITH_STAND_IN]
     else:  # size l with 32x the scaling study's batch (32,768 tokens a step)
         size = ["--size", "l", "--steps", "200", "--batch", "512", "--eval-every", "50"]
-        launch = [sys.executable]
+        launch = [sys.executable, "-m", "examples.train_lm"]
     runs = ["adamw@0.001", "muon@0.003", "dash-defaults@0.001"]
 
     def row() -> tuple[str, bool]:
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the memory this process cached, back for train_lm's
         with tempfile.TemporaryDirectory() as out:
-            command = [*launch, os.path.join(ROOT, "examples", "train_lm.py"), *size, "--runs", *runs]
+            command = [*launch, *size, "--runs", *runs]  # from ROOT, where the examples package is
             command += ["--device", device.type, "--out", out, "--no-progress", "--seeds", "0"]
             env = {**os.environ, "DASH_FN_SIMULATE_ACCELERATOR": "1" if args.dry_run else ""}
             done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)

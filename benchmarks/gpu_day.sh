@@ -92,7 +92,7 @@ run)
     export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
     "$PYTHON" -c "import tensordict, dash_fn; print('tensordict', tensordict.__version__, 'from', tensordict.__file__)"
     set +e
-    "$PYTHON" benchmarks/gpu_check.py "${budget[@]}" --out "$out/gpu_check.md" "$@" 2>&1 | tee "$out/gpu_check.log"
+    "$PYTHON" -m benchmarks.gpu_check "${budget[@]}" --out "$out/gpu_check.md" "$@" 2>&1 | tee "$out/gpu_check.log"
     exit "${PIPESTATUS[0]}"
     ;;
 *)

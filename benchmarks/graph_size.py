@@ -1,7 +1,7 @@
 """Ops in the traced step at the DASH paper's 953M layer (block 1024), where compile time goes.
 
-    python benchmarks/graph_size.py                  # NDB, staggered and periodic refresh steps
-    python benchmarks/graph_size.py --floor-mib 64   # with refresh chunks cut at 64 MiB instead
+    python -m benchmarks.graph_size                  # NDB, staggered and periodic refresh steps
+    python -m benchmarks.graph_size --floor-mib 64   # with refresh chunks cut at 64 MiB instead
 
 Each chunk of a refresh (:func:`dash_fn.roots.chunk_blocks`) is one more unrolled copy of the
 solver in the graph, and Dynamo, AOT autograd and Inductor take time in proportion to its ops.
@@ -17,7 +17,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import dash_fn
 import dash_fn.roots as roots
-from gpu_check import LLAMA_953M_LAYER
+from benchmarks.gpu_check import LLAMA_953M_LAYER
 
 
 def traced_ops(schedule: str, refresh: bool | None, solver: str = "ndb") -> tuple[int, int]:

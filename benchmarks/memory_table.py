@@ -1,6 +1,6 @@
 """Optimizer state and checkpoint bytes per parameter: dash_fn's storage options beside the peers.
 
-    python benchmarks/memory_table.py [--models peers main-job embedding] [--no-peers] [--steps 30] [--rounds 5]
+    python -m benchmarks.memory_table [--models peers main-job embedding] [--no-peers] [--steps 30] [--rounds 5]
 
 Three models: peers.py's 3 x Linear(1024, 1024) with bias ("peers"), the main job's byte-level
 Llama (examples/train_lm.py's defaults, "main-job") and nn.Embedding(32000, 64) ("embedding").
@@ -28,20 +28,15 @@ from __future__ import annotations
 import argparse
 import io
 import math
-import os
 import statistics
-import sys
 import time
 from types import SimpleNamespace
 
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
-
-import dash_fn  # noqa: E402
-import peers  # noqa: E402
-from machine import machine_line  # noqa: E402
+import dash_fn
+from benchmarks import peers
+from benchmarks.machine import machine_line
 
 BF16 = "bfloat16"
 DASH_OPTIONS = {
@@ -76,7 +71,7 @@ def model_params(name: str) -> tuple[dict[str, torch.Tensor], int]:
         return peers.make_model(1024)[0], 256
     if name == "embedding":
         return {"weight": torch.randn(32000, 64) * 0.02}, 256
-    from llama import Llama, LlamaConfig
+    from examples.llama import Llama, LlamaConfig
 
     model = Llama(LlamaConfig(d_model=128, n_layers=2, n_heads=4, mlp_hidden=(8 * 128) // 3, context=64))
     return {k: v.detach().clone() for k, v in model.named_parameters()}, 128

@@ -1,10 +1,10 @@
 """dash_fn beside the optimizers users would pick instead: optimizer-step time and state bytes.
 
-    python benchmarks/peers.py                       # 3 x Linear(1024, 1024), block 256
-    python benchmarks/peers.py --d-model 2048 --reps 9
-    python benchmarks/peers.py --quick               # tiny sizes: a smoke run
-    python benchmarks/peers.py --only dash-eager adamw
-    python benchmarks/peers.py --retain-freed-memory  # glibc keeps freed memory, for every row
+    python -m benchmarks.peers                       # 3 x Linear(1024, 1024), block 256
+    python -m benchmarks.peers --d-model 2048 --reps 9
+    python -m benchmarks.peers --quick               # tiny sizes: a smoke run
+    python -m benchmarks.peers --only dash-eager adamw
+    python -m benchmarks.peers --retain-freed-memory  # glibc keeps freed memory, for every row
 
 The model is Distributed Shampoo's own kind of benchmark model: 3 x Linear(d, d) with bias.
 Every optimizer gets its own copy of the same initial parameters and of the same fixed
@@ -95,7 +95,7 @@ from dataclasses import dataclass
 import torch
 
 import dash_fn
-import machine
+from benchmarks import machine
 
 FREQS = (1, 10)
 HEADER = (

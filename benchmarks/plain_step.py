@@ -1,9 +1,9 @@
 """The plain (non-refresh) DASH step beside its own batched products, and where the rest goes.
 
-    python benchmarks/plain_step.py                   # 3 x Linear(1024, 1024) + bias, block 256
-    python benchmarks/plain_step.py --profile         # also the steps' top operators and compiled kernels
-    python benchmarks/plain_step.py --quick           # tiny sizes: a smoke run
-    python benchmarks/plain_step.py --retain-freed-memory   # glibc keeps freed memory (no page faults)
+    python -m benchmarks.plain_step                   # 3 x Linear(1024, 1024) + bias, block 256
+    python -m benchmarks.plain_step --profile         # also the steps' top operators and compiled kernels
+    python -m benchmarks.plain_step --quick           # tiny sizes: a smoke run
+    python -m benchmarks.plain_step --retain-freed-memory   # glibc keeps freed memory (no page faults)
 
 A plain step's arithmetic is four batched products per block stack (G G^T and G^T G for the
 factors, L^{-1/4} G and (.) R^{-1/4} for the direction) plus elementwise passes; this script
@@ -28,7 +28,7 @@ import time
 import torch
 
 import dash_fn
-import machine
+from benchmarks import machine
 
 
 def block_shapes(d: int, block: int, layers: int) -> list[tuple[int, int]]:

@@ -1,8 +1,8 @@
 """Error of each product kind and of each root iteration at every ``DashConfig.precision``,
 against float64: the evidence for which parts of the step keep float32 operands.
 
-    python benchmarks/precision_numerics.py              # b = 256, 8 blocks (~2 min on 2 cores)
-    python benchmarks/precision_numerics.py --quick      # b = 64, 4 blocks (CI's dry run)
+    python -m benchmarks.precision_numerics              # b = 256, 8 blocks (~2 min on 2 cores)
+    python -m benchmarks.precision_numerics --quick      # b = 64, 4 blocks (CI's dry run)
 
 Products (relative Frobenius error of ``a @ b`` against the float64 product of the float32
 operands): the factor product ``G G^T`` of gradients at two scales (1e-2 and 1e-6, below
@@ -24,19 +24,14 @@ with the blocks the solver flags as diverged.
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-import dash_fn  # noqa: E402
-from dash_fn.roots import SOLVERS, start_vectors  # noqa: E402
-from dash_fn.roots.matmul import PLAIN, Products, cpu_has_bf16_units  # noqa: E402
-from machine import machine_line  # noqa: E402
-from solver_accuracy import wishart  # noqa: E402
+import dash_fn
+from benchmarks.machine import machine_line
+from benchmarks.solver_accuracy import wishart
+from dash_fn.roots import SOLVERS, start_vectors
+from dash_fn.roots.matmul import PLAIN, Products, cpu_has_bf16_units
 
 f64 = torch.float64
 PRECISIONS = ("float32", "tf32", "bfloat16", "float16")

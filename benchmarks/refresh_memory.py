@@ -1,8 +1,8 @@
 """Peak temporary memory of a root refresh, chunked (as dash_fn runs it) and whole, per solver.
 
-    python benchmarks/refresh_memory.py                                  # d_model 2048, block 1024
-    python benchmarks/refresh_memory.py --d-model 512 --block-size 256 --solver eigh ndb
-    python benchmarks/refresh_memory.py --quick                          # tiny sizes: a smoke run
+    python -m benchmarks.refresh_memory                                  # d_model 2048, block 1024
+    python -m benchmarks.refresh_memory --d-model 512 --block-size 256 --solver eigh ndb
+    python -m benchmarks.refresh_memory --quick                          # tiny sizes: a smoke run
 
 For step_bench.py's Llama-like layer (4 x (d, d), (4d, d), (d, 4d)) it builds dash_fn's state,
 takes one step with random gradients (so the factors hold G G^T), and for each solver refreshes
@@ -21,8 +21,8 @@ import torch
 
 import dash_fn
 import dash_fn.roots as roots
-from peak_memory import PeakMemory
-from step_bench import layer_shapes
+from benchmarks.peak_memory import PeakMemory
+from benchmarks.step_bench import layer_shapes
 
 
 def largest_stack(d: int, block: int, solver: str):

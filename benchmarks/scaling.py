@@ -1,9 +1,9 @@
 """Does DASH keep its lead as the model grows? Learning-rate sweeps and seeds at three sizes (issue 27).
 
-    python benchmarks/scaling.py sweep --size s            # seed 0 over a grid of learning rates
-    python benchmarks/scaling.py seeds --size s --seeds 1 2  # more seeds at each optimizer's best rate
-    python benchmarks/scaling.py seeds --size l --seeds 0 --steps 1200  # the same rates, trained longer
-    python benchmarks/scaling.py report [--plots benchmarks/results]  # tables for RESULTS, plots
+    python -m benchmarks.scaling sweep --size s            # seed 0 over a grid of learning rates
+    python -m benchmarks.scaling seeds --size s --seeds 1 2  # more seeds at each optimizer's best rate
+    python -m benchmarks.scaling seeds --size l --seeds 0 --steps 1200  # the same rates, trained longer
+    python -m benchmarks.scaling report [--plots benchmarks/results]  # tables for RESULTS, plots
 
 Every run is one ``examples/train_lm.py --size SIZE`` run (the sizes, their steps and batch are
 its ``SIZES``). ``sweep`` trains each optimizer at learning rates a factor of about 3 apart
@@ -27,8 +27,8 @@ of T tokens per parameter at a batch of ``--batch`` sequences (128 by default, 8
 the size's preset; each budget is a study of its own, ``SIZE-tppT-bB.json``, swept on a factor-2
 grid of rates from the size's best rate:
 
-    python benchmarks/scaling.py sweep --size s --tokens-per-param 20 --optimizers adamw muon dash-defaults
-    python benchmarks/scaling.py seeds --size s --tokens-per-param 20 --seeds 1
+    python -m benchmarks.scaling sweep --size s --tokens-per-param 20 --optimizers adamw muon dash-defaults
+    python -m benchmarks.scaling seeds --size s --tokens-per-param 20 --seeds 1
 
 The optimizers (``--optimizers``): AdamW, torch.optim.Muon (AdamW on the embedding, head and
 vectors), DASH at its defaults (``DashConfig()``: blocks of 256, eigh roots on the CPU refreshed
@@ -53,14 +53,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from machine import machine_line
+from benchmarks.machine import machine_line
+from benchmarks.scaling_records import SIZES, best_rate, load, params_of, record
+from benchmarks.scaling_report import report
+from examples.train_lm import SIZES as PRESETS  # each size's model, steps and warm-up
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "examples"))
-from train_lm import SIZES as PRESETS  # noqa: E402  (each size's model, steps and warm-up)
 
-RESULTS = ROOT / "benchmarks" / "results" / "scaling"
-SIZES = ["s", "m", "l"]
 BF16 = "bfloat16"
 PRECISIONS = ["float32", "tf32", BF16, "float16"]
 # the fields whose defaults the study changed, at their values before (benchmarks/RESULTS.md,
@@ -122,7 +121,7 @@ OPTIMIZERS = {
     "dash-defaults-lrend0": ("dash-defaults", ["--final-lr", "0"]),
     "muon-lrend0": ("muon", ["--final-lr", "0"]),
     # Muon with its Newton-Schulz iterations in float32, on CPUs whose bfloat16 products are slow
-    # (benchmarks/muon_precision.py): the same math at higher precision
+    # (benchmarks/studies/muon_precision.py): the same math at higher precision
     "muon-fp32": ("muon", ["--muon-float32"]),
     # the fairness row: DASH on the hidden matrices only, AdamW on the rest, as the Muon runs
     "dash-hidden": ("dash-defaults", ["--dash-hidden-only", *_previous()]),
@@ -174,13 +173,6 @@ def grid_index(rate: float, factor: int = 3) -> int:
     return min(range(-16, 24), key=lambda i: abs(math.log(grid_rate(i, factor) / rate)))
 
 
-def params_of(model: dict) -> int:
-    """Parameters of train_lm's Llama (byte vocabulary, tied nothing): embedding, head, and per
-    layer four attention matrices, three feed-forward matrices and two norm vectors, plus the final norm."""
-    d, hidden, vocab = model["d_model"], (8 * model["d_model"]) // 3, 256
-    return 2 * vocab * d + model["n_layers"] * (4 * d * d + 3 * d * hidden + 2 * d) + d
-
-
 CONTEXT = 64  # bytes per sequence (train_lm's --context)
 DATA_BATCH = 128  # sequences a step on the data axis: 8x the presets' 16
 WHOLE_CORPUS = 1 << 40  # train_lm's --corpus-bytes that reads every file of the standard library
@@ -217,36 +209,6 @@ class Study:
         warmup = max(1, round(steps * preset["warmup"] / preset["steps"]))
         options = {"steps": steps, "batch": self.batch, "warmup": warmup, "eval-every": max(1, steps // 20)}
         return [*(x for k, v in options.items() for x in (f"--{k}", str(v))), "--corpus-bytes", str(WHOLE_CORPUS)]
-
-
-def longer_studies() -> list[str]:
-    """The results files of runs longer (or shorter) than their size's preset, e.g. ``l-1200``."""
-    return sorted(p.stem for p in RESULTS.glob("*-*.json") if "-tpp" not in p.stem)
-
-
-def data_studies() -> list[str]:
-    """The results files of the data axis, by size and budget (``s-tpp1-b128``, ``s-tpp5-b128``, ...)."""
-
-    def budget(name: str) -> tuple:
-        size, tokens, batch = name.split("-")
-        return SIZES.index(size), float(tokens[3:]), int(batch[1:])
-
-    return sorted((p.stem for p in RESULTS.glob("*-tpp*-b*.json")), key=budget)
-
-
-def load(name: str) -> list[dict]:
-    path = RESULTS / f"{name}.json"
-    return json.loads(path.read_text())["runs"] if path.exists() else []
-
-
-def record(name: str, runs: list[dict]) -> None:
-    """Add finished runs to a results file (a run with the same optimizer, rate and seed is replaced)."""
-    key = lambda r: (r["optimizer"], r["lr"], r["seed"])
-    kept = {key(r): r for r in load(name)}
-    kept.update({key(r): r for r in runs})
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    ordered = sorted(kept.values(), key=lambda r: (r["optimizer"], r["seed"], r["lr"]))
-    (RESULTS / f"{name}.json").write_text(json.dumps({"size": name, "runs": ordered}, indent=1) + "\n")
 
 
 def train(study: Study, label: str, rates: list[float], seeds: list[int], progress: bool, again: bool = False) -> None:
@@ -289,11 +251,6 @@ def summary(label: str, run: dict, args: dict) -> dict:
         "model": model,
         "machine": machine_line(),
     }
-
-
-def best_rate(size: str, label: str, seed: int = 0) -> float | None:
-    runs = [r for r in load(size) if r["optimizer"] == label and r["seed"] == seed]
-    return min(runs, key=lambda r: r["val_loss"][-1])["lr"] if runs else None
 
 
 def sweep(study: Study, label: str, progress: bool) -> float:
@@ -364,8 +321,6 @@ def main(argv: list[str] | None = None) -> None:
                 raise SystemExit(f"no sweep of {args.rate_of or label} in {tuned_at}: run sweep first")
             train(study, label, args.lrs or [rate], args.seeds, args.progress, args.again)
     else:
-        from scaling_report import report
-
         report(args.plots)
 
 

@@ -1,5 +1,5 @@
 """Tables and plots of the scaling study from ``benchmarks/results/scaling/*.json`` (``python
-benchmarks/scaling.py report``): the sweeps, each optimizer at its best rate per size, the
+-m benchmarks.scaling report``): the sweeps, each optimizer at its best rate per size, the
 learning-rate ratios to AdamW, the optimizer's share of a train step extrapolated to larger
 batches, and the data axis (DASH against Muon and AdamW at budgets of tokens per parameter)."""
 
@@ -9,7 +9,7 @@ import itertools
 import statistics
 from pathlib import Path
 
-from scaling import SIZES, best_rate, data_studies, load, longer_studies, params_of
+from benchmarks.scaling_records import SIZES, best_rate, data_studies, load, longer_studies, params_of
 
 COLORS = {
     "adamw": "C0",

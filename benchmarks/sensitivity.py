@@ -1,10 +1,10 @@
 """How far one DASH update moves when one gradient entry moves by one ulp, per solver and eps;
 and (``--determinism``) the race that made examples/train_lm.py irreproducible, and its cure's cost.
 
-    python benchmarks/sensitivity.py                         # solvers eigh, ndb, cn x eps 1e-10, 1e-8, 1e-6
+    python -m benchmarks.sensitivity                         # solvers eigh, ndb, cn x eps 1e-10, 1e-8, 1e-6
                                                              # (13 min on 2 busy cores)
-    python benchmarks/sensitivity.py --solvers eigh --eps 1e-10 1e-4
-    python benchmarks/sensitivity.py --determinism           # the race, and deterministic mode's cost (~3 min)
+    python -m benchmarks.sensitivity --solvers eigh --eps 1e-10 1e-4
+    python -m benchmarks.sensitivity --determinism           # the race, and deterministic mode's cost (~3 min)
 
 **1-ulp table.** The model, data, initialization and schedule are examples/train_lm.py's default
 job (byte-level Llama, d_model 128, 2 layers, context 64, batch 16, seed 0; DASH block 128, roots
@@ -36,19 +36,14 @@ from __future__ import annotations
 import argparse
 import hashlib
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "examples"))
-
-import dash_fn  # noqa: E402
-from compiled_step import lr_at  # noqa: E402
-from llama import Llama, LlamaConfig, next_byte_loss  # noqa: E402
-from train_lm import batch_at, stdlib_corpus  # noqa: E402
+import dash_fn
+from examples.compiled_step import lr_at
+from examples.llama import Llama, LlamaConfig, next_byte_loss
+from examples.train_lm import batch_at, stdlib_corpus
 
 BATCH, CONTEXT, STEPS, PEAK_LR, WARMUP_LR = 16, 64, 300, 3e-3, 20  # train_lm's defaults
 

@@ -1,7 +1,7 @@
 """Soak test of the non-finite guard: thousands of compiled train steps with injected faults.
 
-    python benchmarks/soak.py                          # 10,000 steps, Inductor, beside a fault-free run
-    python benchmarks/soak.py --steps 300 --every 30 --backend aot_eager --no-progress
+    python -m benchmarks.soak                          # 10,000 steps, Inductor, beside a fault-free run
+    python -m benchmarks.soak --steps 300 --every 30 --backend aot_eager --no-progress
 
 A byte-level Llama (examples/llama.py; d_model 64, 1 layer, context 32, batch 8) trains on the
 running Python's standard library sources (examples/train_lm.py's ``stdlib_corpus``) with one
@@ -54,13 +54,11 @@ import torch
 from torch._dynamo.callback import callback_handler
 from torch._dynamo.utils import counters
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
-
-import dash_fn  # noqa: E402
-from compiled_step import lr_at  # noqa: E402
-from llama import Llama, LlamaConfig, next_byte_loss  # noqa: E402
-from machine import machine_line  # noqa: E402
-from train_lm import stdlib_corpus  # noqa: E402
+import dash_fn
+from benchmarks.machine import machine_line
+from examples.compiled_step import lr_at
+from examples.llama import Llama, LlamaConfig, next_byte_loss
+from examples.train_lm import stdlib_corpus
 
 KINDS = ("nan", "inf", "zero", "scale", "lr_spike")
 SKIPPING = ("nan", "inf", "scale")
@@ -423,7 +421,7 @@ def loss_jumps(faults: dict, loss: torch.Tensor, clean: torch.Tensor, steps: int
 
 
 def report(args, r: dict, argv) -> str:
-    cmd = " ".join(["python benchmarks/soak.py", *(sys.argv[1:] if argv is None else argv)])
+    cmd = " ".join(["python -m benchmarks.soak", *(sys.argv[1:] if argv is None else argv)])
     n_faults = sum(r["faults"].values())
     finite = "yes" if r["params_finite"] else f"NO (first at step {r['first_nonfinite_step']})"
     lines = [

@@ -1,8 +1,8 @@
 """Accuracy against cost of every inverse-root solver, on random and on real Shampoo factors.
 
-    python benchmarks/solver_accuracy.py              # b = 256, 8 blocks per stack (~5 min on 2 cores)
-    python benchmarks/solver_accuracy.py --quick      # b = 128, 4 blocks, short training (~1 min)
-    python benchmarks/solver_accuracy.py --threads 1 --block-size 512 --device cuda
+    python -m benchmarks.solver_accuracy              # b = 256, 8 blocks per stack (~5 min on 2 cores)
+    python -m benchmarks.solver_accuracy --quick      # b = 128, 4 blocks, short training (~1 min)
+    python -m benchmarks.solver_accuracy --threads 1 --block-size 512 --device cuda
 
 For each data set and each solver setting (solver, iteration count or degree, scaling,
 matmul_dtype) it prints the time of one batched ``dash_fn.inverse_root`` call on the stack
@@ -28,19 +28,17 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import sys
 import time
 import warnings
 from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "examples"))
+import dash_fn
+from examples.llama import Llama, LlamaConfig, next_byte_loss
+from examples.train_lm import batch_at, stdlib_corpus
 
-import dash_fn  # noqa: E402
-from llama import Llama, LlamaConfig, next_byte_loss  # noqa: E402
-from train_lm import batch_at, stdlib_corpus  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 f64 = torch.float64
 

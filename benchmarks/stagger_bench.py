@@ -1,8 +1,8 @@
 """Step time, step by step: the periodic refresh schedule (a saw-tooth) beside the staggered one.
 
-    python benchmarks/stagger_bench.py                  # eager and compiled, then DDP at W = 2
-    python benchmarks/stagger_bench.py --modes eager --steps 50 --no-ddp
-    python benchmarks/stagger_bench.py --quick          # tiny sizes: a smoke run
+    python -m benchmarks.stagger_bench                  # eager and compiled, then DDP at W = 2
+    python -m benchmarks.stagger_bench --modes eager --steps 50 --no-ddp
+    python -m benchmarks.stagger_bench --quick          # tiny sizes: a smoke run
 
 The model is benchmarks/peers.py's: 3 x Linear(d, d) with bias (d = 1024), block 256, solver
 eigh, inv_root_freq 10, preconditioning from step 1, otherwise DashConfig's defaults. Only
@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,10 +36,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-import dash_fn  # noqa: E402
-from machine import machine_line  # noqa: E402
+import dash_fn
+from benchmarks.machine import machine_line
 
 SCHEDULES = ("periodic", "staggered")
 

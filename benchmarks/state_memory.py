@@ -1,6 +1,6 @@
 """Optimizer-state bytes per parameter entry, per parameter shape (the reference keeps ~8 floats).
 
-    python benchmarks/state_memory.py [--block-size 1024]
+    python -m benchmarks.state_memory [--block-size 1024]
 
 Prints a markdown table: for each shape, the bytes of state dash_fn.init allocates (float32
 parameters, default config: mu = 0, beta_G > 0) divided by the parameter count, and that ratio

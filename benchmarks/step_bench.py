@@ -1,8 +1,8 @@
 """Optimizer-step time of dash_fn beside a per-block baseline and AdamW, as a markdown table.
 
-    python benchmarks/step_bench.py                      # CPU default grid
-    python benchmarks/step_bench.py --d-model 1024 --block-size 256 --solver eigh ndb
-    python benchmarks/step_bench.py --quick              # tiny sizes: a smoke run
+    python -m benchmarks.step_bench                      # CPU default grid
+    python -m benchmarks.step_bench --d-model 1024 --block-size 256 --solver eigh ndb
+    python -m benchmarks.step_bench --quick              # tiny sizes: a smoke run
 
 For Llama-like layer shapes (attention 4 x (d, d), MLP (4d, d) and (d, 4d)) it times, side by
 side in one process: dash_fn compiled (Inductor, static refresh flag), dash_fn eager, the
@@ -26,8 +26,8 @@ from collections.abc import Callable
 import torch
 
 import dash_fn
-from sequential_shampoo import SequentialShampoo
-from state_memory import state_bytes
+from benchmarks.sequential_shampoo import SequentialShampoo
+from benchmarks.state_memory import state_bytes
 
 
 def layer_shapes(d: int) -> dict[str, tuple[int, int]]:

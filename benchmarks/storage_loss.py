@@ -1,6 +1,6 @@
 """The main job's final validation loss under each storage option (or thin blocks), beside the default's, seed by seed.
 
-    python benchmarks/storage_loss.py [--seeds 0 1 2] [--steps 300] [--out runs/storage_loss]
+    python -m benchmarks.storage_loss [--seeds 0 1 2] [--steps 300] [--out runs/storage_loss]
         [--plot benchmarks/results/storage_loss.png] [--options OPTION ...] [--baseline defaults]
         [--model-args="--d-model 64 --block-size 256"]
 

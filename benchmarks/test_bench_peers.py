@@ -14,7 +14,7 @@ import argparse
 
 import pytest
 
-from peers import PEERS, Instance, available, make_model
+from benchmarks.peers import PEERS, Instance, available, make_model
 
 D_MODEL, BLOCK, START = 128, 64, 10
 ARGS = argparse.Namespace(block_size=BLOCK, start=START)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import dash_fn
-from step_bench import layer_shapes, make_impls
+from benchmarks.step_bench import layer_shapes, make_impls
 
 D_MODEL, BLOCK = 512, 128
 

@@ -24,7 +24,11 @@ import time
 import torch
 
 import dash_fn
-from llama import Llama, LlamaConfig, next_byte_loss
+
+if __package__:  # imported as examples.compiled_step (or `python -m`): the sibling from the package
+    from examples.llama import Llama, LlamaConfig, next_byte_loss
+else:  # `python examples/compiled_step.py`: the script's folder is first on the import path
+    from llama import Llama, LlamaConfig, next_byte_loss
 
 
 def make_train_step(model: Llama, config: dash_fn.DashConfig, **compile_kwargs):

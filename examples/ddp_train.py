@@ -1,8 +1,8 @@
 """Data-parallel training with DASH's optimizer state split across ranks.
 
-    torchrun --nproc_per_node=2 examples/ddp_train.py                 # CPU, gloo
-    torchrun --nproc_per_node=8 examples/ddp_train.py --d-model 512    # GPUs, NCCL
-    python examples/ddp_train.py                                       # one process
+    torchrun --nproc_per_node=2 -m examples.ddp_train                 # CPU, gloo
+    torchrun --nproc_per_node=8 -m examples.ddp_train --d-model 512    # GPUs, NCCL
+    python -m examples.ddp_train                                       # one process
 
 The byte-level Llama of train_lm.py, wrapped in DistributedDataParallel (which all-reduces the
 gradients), stepped by ``dash_fn.DASH(..., process_group=WORLD)``: each rank keeps the factors,
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
 import torch
@@ -25,12 +24,10 @@ import torch.distributed as dist
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-import dash_fn  # noqa: E402
-from compiled_step import lr_at  # noqa: E402
-from llama import Llama, LlamaConfig  # noqa: E402
-from train_lm import batch_at, progress_bar, stdlib_corpus  # noqa: E402
+import dash_fn
+from examples.compiled_step import lr_at
+from examples.llama import Llama, LlamaConfig
+from examples.train_lm import batch_at, progress_bar, stdlib_corpus
 
 
 def state_bytes(opt: dash_fn.DASH) -> int:

@@ -1,9 +1,9 @@
 """FSDP2 training with DASH and resumable torch.distributed.checkpoint (DCP) checkpoints.
 
-    torchrun --nproc_per_node=2 examples/fsdp_train.py --checkpoint-dir ckpt    # CPU, gloo
-    torchrun --nproc_per_node=3 examples/fsdp_train.py --batch 6 --resume ckpt/step_50
-    torchrun --nproc_per_node=8 examples/fsdp_train.py --d-model 512            # GPUs, NCCL
-    python examples/fsdp_train.py                                               # one process
+    torchrun --nproc_per_node=2 -m examples.fsdp_train --checkpoint-dir ckpt    # CPU, gloo
+    torchrun --nproc_per_node=3 -m examples.fsdp_train --batch 6 --resume ckpt/step_50
+    torchrun --nproc_per_node=8 -m examples.fsdp_train --d-model 512            # GPUs, NCCL
+    python -m examples.fsdp_train                                               # one process
 
 The byte-level Llama of train_lm.py with ``fully_shard`` on each transformer block and at the
 root, stepped by ``dash_fn.DASH`` straight on the DTensor parameters: each rank keeps and
@@ -30,13 +30,11 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-import dash_fn  # noqa: E402
-from compiled_step import lr_at  # noqa: E402
-from ddp_train import next_byte_loss, state_bytes  # noqa: E402
-from llama import Llama, LlamaConfig  # noqa: E402
-from train_lm import batch_at, progress_bar, stdlib_corpus  # noqa: E402
+import dash_fn
+from examples.compiled_step import lr_at
+from examples.ddp_train import next_byte_loss, state_bytes
+from examples.llama import Llama, LlamaConfig
+from examples.train_lm import batch_at, progress_bar, stdlib_corpus
 
 
 def save(directory: str, t: int, model, opt) -> str:

@@ -1,6 +1,6 @@
 """Hugging Face ``Trainer`` with ``dash_fn.DASH``: a tiny randomly initialised Llama on bytes.
 
-    python examples/hf_trainer.py [--steps 60] [--optimizer dash|adamw] [--lr LR] [--out runs/hf_trainer] [--no-resume]
+    python -m examples.hf_trainer [--steps 60] [--optimizer dash|adamw] [--lr LR] [--out runs/hf_trainer] [--no-resume]
         [--seed 0] [--dash FIELD=VALUE ...]
 
 The model is transformers' ``LlamaForCausalLM`` built from a config (256 byte tokens, no
@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs only: never reach the Hub
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-import torch  # noqa: E402
-from transformers import (  # noqa: E402
+import torch
+from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
     Trainer,
@@ -31,10 +30,8 @@ from transformers import (  # noqa: E402
     get_cosine_schedule_with_warmup,
 )
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-import dash_fn  # noqa: E402
-from train_lm import add_dash_fields, stdlib_corpus  # noqa: E402
+import dash_fn
+from examples.train_lm import add_dash_fields, stdlib_corpus
 
 CONTEXT = 64
 

@@ -1,6 +1,6 @@
 """Lightning with ``dash_fn.DASH``: the examples' byte-level Llama fitted by ``Trainer.fit``.
 
-    python examples/lightning_fit.py [--epochs 4] [--optimizer dash|adamw] [--lr LR] [--out DIR] [--no-resume]
+    python -m examples.lightning_fit [--epochs 4] [--optimizer dash|adamw] [--lr LR] [--out DIR] [--no-resume]
 
 ``configure_optimizers`` returns DASH and a per-step cosine schedule, the one place that differs
 from AdamW. A ``ModelCheckpoint`` saves after every epoch (the optimizer's ``state_dict()`` goes
@@ -17,17 +17,14 @@ import argparse
 import glob
 import math
 import os
-import sys
 
 import lightning
 import torch
 from torch.nn import functional as F
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-import dash_fn  # noqa: E402
-from llama import Llama, LlamaConfig  # noqa: E402
-from train_lm import stdlib_corpus  # noqa: E402
+import dash_fn
+from examples.llama import Llama, LlamaConfig
+from examples.train_lm import stdlib_corpus
 
 CONTEXT, BATCH, BATCHES_PER_EPOCH = 64, 16, 15
 

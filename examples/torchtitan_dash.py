@@ -1,10 +1,10 @@
 """DASH as torchtitan's optimizer: change the optimizer and nothing else.
 
     pip install 'dash_fn[torchtitan]'     # torchtitan 0.3.0, and triton, which it imports
-    torchrun --nproc_per_node=4 examples/torchtitan_dash.py --dp-shard 2 --tp 2 --stop-at 3 --checkpoint-dir ckpt
-    torchrun --nproc_per_node=4 examples/torchtitan_dash.py --dp-shard 2 --tp 2 --checkpoint-dir ckpt  # resumes
-    torchrun --nproc_per_node=8 examples/torchtitan_dash.py --dp-shard 4 --tp 2 --steps 100  # GPUs, NCCL
-    python examples/torchtitan_dash.py --optimizer adamw                 # one process, torchtitan's AdamW
+    torchrun --nproc_per_node=4 -m examples.torchtitan_dash --dp-shard 2 --tp 2 --stop-at 3 --checkpoint-dir ckpt
+    torchrun --nproc_per_node=4 -m examples.torchtitan_dash --dp-shard 2 --tp 2 --checkpoint-dir ckpt  # resumes
+    torchrun --nproc_per_node=8 -m examples.torchtitan_dash --dp-shard 4 --tp 2 --steps 100  # GPUs, NCCL
+    python -m examples.torchtitan_dash --optimizer adamw                 # one process, torchtitan's AdamW
 
 torchtitan 0.3.0 builds its optimizers through ``OptimizersContainer``: a config of parameter
 groups, each naming an optimizer that the container's ``_resolve_optimizer_factory`` looks up.
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 from dataclasses import dataclass
 from typing import Any
@@ -47,18 +46,16 @@ import torchtitan.tools.utils as titan_utils
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
-from torchtitan.components.optimizer import OptimizersContainer, default_adamw  # noqa: E402
-from torchtitan.components.optimizer.optimizer import ParamGroupConfig  # noqa: E402
-from torchtitan.components.optimizer.utils import init_optim_state, load_flat_optim_state_dict  # noqa: E402
-from torchtitan.distributed import ParallelDims  # noqa: E402
-from torchtitan.distributed.utils import set_spmd_backend  # noqa: E402
-from torchtitan.models.common.attention import ScaledDotProductAttention  # noqa: E402
-from torchtitan.models.llama3.config_registry import llama3_debugmodel  # noqa: E402
+from torchtitan.components.optimizer import OptimizersContainer, default_adamw
+from torchtitan.components.optimizer.optimizer import ParamGroupConfig
+from torchtitan.components.optimizer.utils import init_optim_state, load_flat_optim_state_dict
+from torchtitan.distributed import ParallelDims
+from torchtitan.distributed.utils import set_spmd_backend
+from torchtitan.models.common.attention import ScaledDotProductAttention
+from torchtitan.models.llama3.config_registry import llama3_debugmodel
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-import dash_fn  # noqa: E402
-from train_lm import stdlib_corpus  # noqa: E402
+import dash_fn
+from examples.train_lm import stdlib_corpus
 
 # torchtitan's SPMD backend in which parameters are DTensors (the global shapes and placements
 # DASH cuts its blocks from) and inputs plain tensors: its default, "spmd_types", holds

@@ -39,11 +39,18 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
+import dash_fn
 
-import dash_fn  # noqa: E402
-from compiled_step import deterministic_flag_restored, lr_at  # noqa: E402  (shared with that example)
-from llama import Llama, LlamaConfig, expert_weights, next_byte_loss  # noqa: E402
+# `python examples/train_lm.py` (the README's and `make main`'s command) runs this file as a
+# script, whose folder Python puts first on the import path: its siblings import by their own
+# names. Imported as examples.train_lm (`python -m`, the tests, benchmarks/) it has a package,
+# and its siblings come from that package, so that each module is loaded once.
+if __package__:
+    from examples.compiled_step import deterministic_flag_restored, lr_at  # shared with that example
+    from examples.llama import Llama, LlamaConfig, expert_weights, next_byte_loss
+else:
+    from compiled_step import deterministic_flag_restored, lr_at
+    from llama import Llama, LlamaConfig, expert_weights, next_byte_loss
 
 # Model sizes of the scaling study (issue 27; benchmarks/scaling.py): 0.46M, 3.3M and 12.8M
 # parameters. Every size sees the same 1,024 tokens per step (16 sequences of 64 bytes); ``s`` is
@@ -130,7 +137,7 @@ def parse_run(spec: str) -> tuple[str, float]:
 def newton_schulz_float32(grad: torch.Tensor, ns_coefficients, ns_steps: int, eps: float) -> torch.Tensor:
     """torch.optim.Muon's Newton-Schulz orthogonalization (the same quintic iteration, the same
     normalization) in float32 instead of bfloat16: the same math at higher precision, for CPUs
-    whose bfloat16 products are many times slower (``benchmarks/muon_precision.py``)."""
+    whose bfloat16 products are many times slower (``benchmarks/studies/muon_precision.py``)."""
     a, b, c = ns_coefficients
     tall = grad.size(0) > grad.size(1)
     X = grad.float().T if tall else grad.float()

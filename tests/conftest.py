@@ -11,6 +11,18 @@ os.environ.setdefault(
     "TORCHINDUCTOR_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".cache", f"inductor-{_capability}")
 )
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def root_on_path(env: dict[str, str] | None = None) -> dict[str, str]:
+    """A subprocess's environment (``os.environ`` unless given) with the checkout's root first on
+    PYTHONPATH: the scripts and workers the tests launch import the benchmarks and examples
+    packages from there (pytest's ``pythonpath`` setting reaches this process only)."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
+    return env
+
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -28,8 +40,8 @@ DISTRIBUTED_WORLD_SIZE = 2 if simulating() else 3
 if simulating():
     # The simulated accelerator pass (and the multi-process workers it launches, which import this
     # module): the CPU runs torch.bmm(a16, b16, out_dtype=float32) as a GPU does, so "auto"
-    # resolves to float16 and the tensor-core code executes (tests/tensor_core_stand_in.py).
-    from tensor_core_stand_in import register_for_the_process
+    # resolves to float16 and the tensor-core code executes (benchmarks/tensor_core_stand_in.py).
+    from benchmarks.tensor_core_stand_in import register_for_the_process
 
     register_for_the_process()
 

@@ -14,11 +14,9 @@ import sys
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-import dash_fn  # noqa: E402
-from conftest import mixed_params, random_grads, tensors  # noqa: E402
-from dash_fn.state import CONSTANTS  # noqa: E402
+import dash_fn
+from conftest import mixed_params, random_grads, tensors
+from dash_fn.state import CONSTANTS
 
 STEPS = 10
 
@@ -174,8 +172,8 @@ def adapter_run(group) -> dict:
 def count_syncs(group) -> list[str]:
     """The host syncs of steady-state sharded steps under the accelerator strategy (simulated
     on the CPU): functional and adapter, eager, NDB with momentum and the non-finite guard."""
+    from benchmarks.syncs import SyncCounter
     from dash_fn.strategy import simulated_accelerator
-    from syncs import SyncCounter
 
     config = SCENARIOS["ndb"][1]
     counter = SyncCounter()

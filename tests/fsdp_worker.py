@@ -24,10 +24,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-import dash_fn  # noqa: E402
-from conftest import random_grads  # noqa: E402
+import dash_fn
+from conftest import random_grads
 
 STEPS = 10
 # rows not divisible by 2 or 3, a matrix with fewer rows than ranks, vectors, a conv kernel
@@ -161,8 +159,8 @@ def count_syncs(mesh, world: int) -> list[str]:
     """The host syncs of steady-state FSDP2 steps under the accelerator strategy (simulated on
     the CPU): functional on DTensor shards and adapter on fully_shard parameters, eager, NDB
     with momentum and the non-finite guard."""
+    from benchmarks.syncs import SyncCounter
     from dash_fn.strategy import simulated_accelerator
-    from syncs import SyncCounter
 
     config = SCENARIOS["ndb"]
     counter = SyncCounter()

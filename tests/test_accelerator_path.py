@@ -2,7 +2,7 @@
 
 Each test enters :func:`dash_fn.strategy.simulated_accelerator`, so CPU tensors take the code
 path a GPU takes. Eager steps are watched by a dispatch mode that records every op reading a
-device value on the host (tests/syncs.py); compiled steps' graphs are inspected for such
+device value on the host (benchmarks/syncs.py); compiled steps' graphs are inspected for such
 nodes and run through Inductor's own pre-capture checks for CUDA graphs.
 """
 
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import dash_fn
+from benchmarks.syncs import SyncCounter, inspecting_backend
 from conftest import mixed_params, random_grads
 from dash_fn.strategy import simulated_accelerator
-from syncs import SyncCounter, inspecting_backend
 
 # tests marked compat run on the oldest and newest supported torch too (docs/CONTRIBUTING.md)
 MATMUL_SOLVERS = ["ndb", "cn", "chebyshev"]

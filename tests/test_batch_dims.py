@@ -150,7 +150,7 @@ def test_main_job_with_experts_declares_them(tmp_path):
     """train_lm --experts 2: the stacked expert weights are declared, so nothing warns."""
     import json
 
-    import train_lm
+    from examples import train_lm
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)

@@ -11,11 +11,8 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-
-import basis_gpu  # noqa: E402
-import stagger_bench  # noqa: E402
-import step_bench  # noqa: E402
+from benchmarks import basis_gpu, stagger_bench, step_bench
+from conftest import root_on_path
 
 
 def test_step_bench_quick(capsys):
@@ -91,7 +88,7 @@ def test_fsdp_bench_planner(capsys):
     """Llama 953M at block 1024: exact moves less than an all-to-all of every gradient, local 0.
     (It stays at the real model's shapes: the README's and the distributed guide's bytes-moved
     figures are these tables' cells; the planner on small shapes is tests/test_fsdp.py's.)"""
-    import fsdp_bench
+    from benchmarks import fsdp_bench
 
     fsdp_bench.main(["--planner-only"])
     out = capsys.readouterr().out
@@ -130,7 +127,6 @@ def test_fsdp_bench_tiny_run():
     + 8 x 192 = 3072 elements each way, 2 x 3072 x 4 = 24,576 bytes per step; local moves 0."""
     import subprocess
 
-    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "fsdp_bench.py")
     args = [
         "--d-model",
         "48",
@@ -144,8 +140,9 @@ def test_fsdp_bench_tiny_run():
         "--planner-world-sizes",
         "2",
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    run = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=240, env=env)
+    env = root_on_path({**os.environ, "OMP_NUM_THREADS": "1"})
+    command = [sys.executable, "-m", "benchmarks.fsdp_bench", *args]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     rows = _table_rows(run.stdout, "48")
     assert set(rows) == {("48", w, mode) for w in ("1", "2") for mode in ("exact", "local")}
@@ -161,7 +158,7 @@ def test_refresh_memory_quick(capsys):
     hold five to ten. (The CPU eigh op's temporaries live in its threads, a few blocks
     each, out of the counter's sight: with every block finite its whole-stack call shows about
     one stack, its output; the chunks are for the fallback's extra stacks.)"""
-    import refresh_memory
+    from benchmarks import refresh_memory
 
     rows = refresh_memory.main(["--quick"])
     assert [r["solver"] for r in rows] == ["eigh", "ndb", "cn", "chebyshev"]
@@ -173,7 +170,7 @@ def test_refresh_memory_quick(capsys):
 
 
 def test_plain_step_quick(capsys):
-    import plain_step
+    from benchmarks import plain_step
 
     ms = plain_step.main(["--quick", "--backend", "aot_eager"])
     assert set(ms) == {"batched products", "compiled step", "eager step"} and all(v > 0 for v in ms.values())
@@ -183,7 +180,7 @@ def test_plain_step_quick(capsys):
 
 def test_eigh_floor_quick(capsys):
     """The floor's worker processes time their shares of the blocks and report back."""
-    import eigh_floor
+    from benchmarks import eigh_floor
 
     ms = eigh_floor.main(["--quick"])
     assert set(ms) == {"floor", "solver", "refresh"} and all(v > 0 for v in ms.values())
@@ -205,7 +202,7 @@ def test_basis_gpu_dry_run(tmp_path):
 def test_cpu_compiled_profile_quick(capsys):
     """The eager and compiled adapter steps on the main job's model, timed and profiled. (It
     stays: RESULTS' figures on compile=True on a CPU come from this script.)"""
-    import cpu_compiled_profile
+    from benchmarks import cpu_compiled_profile
 
     cpu_compiled_profile.main(["--quick"])
     out = capsys.readouterr().out

@@ -4,11 +4,11 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-import compiled_step
 import dash_fn
 from conftest import mixed_params, random_grads
 from dash_fn.roots import SOLVERS
-from llama import Llama, LlamaConfig
+from examples import compiled_step
+from examples.llama import Llama, LlamaConfig
 
 pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (docs/CONTRIBUTING.md)
 

@@ -1,11 +1,6 @@
 """benchmarks/defaults_bench.py runs (tiny model, CPU) and prints one row per configuration."""
 
-import os
-import sys
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-
-import defaults_bench  # noqa: E402
+from benchmarks import defaults_bench
 
 
 def test_defaults_bench_quick(capsys):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import dash_fn
-from conftest import DISTRIBUTED_WORLD_SIZE, mixed_params, selected_scenarios
+from conftest import DISTRIBUTED_WORLD_SIZE, mixed_params, root_on_path, selected_scenarios
 from dash_fn.distributed import make_shard, owned_ranges, ownership, rank_loads
 from dash_fn.plan import make_plan
 
@@ -128,7 +128,7 @@ def ranks(request, tmp_path_factory):
     scenarios the selected tests read)."""
     world_size = request.param
     out = tmp_path_factory.mktemp(f"w{world_size}")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = root_on_path({**os.environ, "OMP_NUM_THREADS": "1"})
     procs = [
         subprocess.Popen(
             [

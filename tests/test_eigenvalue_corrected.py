@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import dash_fn
+from benchmarks.syncs import assert_one_graph_without_syncs
 from conftest import mixed_params, random_grads
 from dash_fn.roots.basis import eigenbasis, qr_basis
 from reference import ReferenceDash, gram_schmidt_step
-from syncs import assert_one_graph_without_syncs
 
 pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (docs/CONTRIBUTING.md)
 
@@ -160,7 +160,9 @@ def test_one_compiled_graph_without_syncs():
     over three periods, no node reading the device, nothing CUDA graphs would skip; eager
     steps make no sync; compiled and eager agree."""
     config = dash_fn.DashConfig(block_size=8, preconditioner=EC, inv_root_freq=3, mu=0.5, nesterov_G=True)
-    assert_one_graph_without_syncs(config, mixed_params(shapes={"w": (24, 20), "thin": (2, 40), "b": (20,)}))
+    assert_one_graph_without_syncs(
+        config, mixed_params(shapes={"w": (24, 20), "thin": (2, 40), "b": (20,)}), random_grads
+    )
 
 
 def test_due_block_rows_hold_every_block_of_their_phase():

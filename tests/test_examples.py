@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import train_lm
+from conftest import root_on_path
+from examples import train_lm
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -146,7 +147,7 @@ def test_muon_float32_is_torchs_iteration_in_float32(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("final", [0.1, 0.0, 0.5])
 def test_lr_schedule_warms_up_then_decays_to_its_final_fraction(final):
-    import compiled_step
+    from examples import compiled_step
 
     lr = lambda t: compiled_step.lr_at(t, 100, 2e-3, warmup=10, final=final)
     assert lr(5) == pytest.approx(1e-3) and lr(10) == pytest.approx(2e-3)
@@ -195,7 +196,7 @@ def test_quickstart_runs():
 
 @pytest.mark.compat
 def test_cnn_digits_runs(capsys):
-    import cnn_digits
+    from examples import cnn_digits
 
     cnn_digits.main(["--steps", "3"])
     out = capsys.readouterr().out
@@ -210,7 +211,8 @@ def test_ddp_train_with_torchrun_two_ranks():
         "-m",
         "torch.distributed.run",
         "--nproc_per_node=2",
-        str(ROOT / "examples" / "ddp_train.py"),
+        "--module",
+        "examples.ddp_train",
     ]
     tiny = [
         "--steps",
@@ -229,13 +231,17 @@ def test_ddp_train_with_torchrun_two_ranks():
         "100000",
         "--no-progress",
     ]
-    result = subprocess.run(command + tiny, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command + tiny, env=root_on_path(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "parameters bitwise identical on all ranks: True" in result.stdout
     per_rank = result.stdout.split("optimizer state bytes per rank: ")[1].splitlines()[0]
     assert per_rank.count("B/param") == 2
     single = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "ddp_train.py"), *tiny], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "examples.ddp_train", *tiny],
+        env=root_on_path(),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert single.returncode == 0, single.stderr[-3000:]
     whole = int(single.stdout.split("optimizer state bytes per rank: ")[1].split()[0])
@@ -249,14 +255,14 @@ def test_fsdp_train_checkpoints_resume_exactly_and_at_another_world_size(tmp_pat
     (same printed digits); resumed on 1 process (resharded) it ends on the same loss up to the
     summation order of the gradient reduce-scatter. A resume that lost the optimizer state
     lands about 0.04 away at these sizes, so the tolerance is 1e-3, not a loose 1%."""
-    script = str(ROOT / "examples" / "fsdp_train.py")
+    module = ["-m", "examples.fsdp_train"]
     torchrun = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--standalone",
         "--nproc_per_node=2",
-        script,
+        *module,
     ]  # a free port
     tiny = [
         "--steps",
@@ -277,7 +283,7 @@ def test_fsdp_train_checkpoints_resume_exactly_and_at_another_world_size(tmp_pat
     ]
 
     def run(command):
-        result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        result = subprocess.run(command, env=root_on_path(), capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr[-3000:]
         return result.stdout
 
@@ -291,7 +297,7 @@ def test_fsdp_train_checkpoints_resume_exactly_and_at_another_world_size(tmp_pat
     same = run(torchrun + tiny + ["--resume", str(ckpt / "step_2")])
     assert "steps 3-4, resumed from" in same
     assert val_loss(same) == val_loss(whole)
-    single = run([sys.executable, script, *tiny, "--resume", str(ckpt / "step_2")])
+    single = run([sys.executable, *module, *tiny, "--resume", str(ckpt / "step_2")])
     assert "ranks 1," in single
     assert abs(float(val_loss(single)) - float(val_loss(whole))) < 1e-3
 

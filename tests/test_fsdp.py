@@ -15,7 +15,7 @@ import torch
 
 import dash_fn
 import fsdp_worker
-from conftest import DISTRIBUTED_WORLD_SIZE, selected_scenarios
+from conftest import DISTRIBUTED_WORLD_SIZE, root_on_path, selected_scenarios
 from dash_fn.distributed.fsdp import local_shape, make_fsdp_shard, moved_elements, plan_tiles, row_layout, row_rects
 from dash_fn.plan import make_plan
 
@@ -147,7 +147,7 @@ def test_unsupported_placements_raise_type_errors(one_rank_group):
 
 
 def launch(world_size: int, out, task: str, *args: str, worker: str = WORKER) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = root_on_path({**os.environ, "OMP_NUM_THREADS": "1"})
     init = out / f"init_{task}_{world_size}_{'_'.join(args)}"
     procs = [
         subprocess.Popen(

@@ -2,13 +2,9 @@
 strategy simulated): every row runs, and a failed, wrong or CUDA-graph-skipped row fails the run.
 Apart from tests/test_benchmark_scripts.py so that pytest's workers run the two files side by side."""
 
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-
-import gpu_check  # noqa: E402
+from benchmarks import gpu_check
 
 
 def test_gpu_check_dry_run(tmp_path):

@@ -6,15 +6,10 @@ more unrolled copy of the solver in the graph (benchmarks/graph_size.py traces i
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
 import dash_fn.roots as roots
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-from graph_size import one_solve_ops, traced_ops  # noqa: E402
+from benchmarks.graph_size import one_solve_ops, traced_ops
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ def identical(a: torch.nn.Module, b: torch.nn.Module) -> bool:
 
 @pytest.fixture(scope="module")
 def hf_dash(tmp_path_factory):
-    import hf_trainer
+    from examples import hf_trainer
 
     out = tmp_path_factory.mktemp("hf_dash")
     return hf_trainer.main(["--optimizer", "dash", "--out", str(out)]), out
@@ -36,7 +36,7 @@ def hf_dash(tmp_path_factory):
 def test_hf_trainer_resumes_bit_exact(hf_dash):
     from safetensors.torch import load_file
 
-    import hf_trainer
+    from examples import hf_trainer
 
     run, out = hf_dash
     assert run["resumed_step"] == 60
@@ -48,7 +48,7 @@ def test_hf_trainer_resumes_bit_exact(hf_dash):
 
 
 def test_hf_trainer_dash_ends_below_adamw(hf_dash, tmp_path):
-    import hf_trainer
+    from examples import hf_trainer
 
     adamw = hf_trainer.main(["--optimizer", "adamw", "--no-resume", "--out", str(tmp_path)])
     assert len(adamw["train_loss"]) == len(hf_dash[0]["train_loss"]) == 60
@@ -57,13 +57,13 @@ def test_hf_trainer_dash_ends_below_adamw(hf_dash, tmp_path):
 
 @pytest.fixture(scope="module")
 def lightning_dash(tmp_path_factory):
-    import lightning_fit
+    from examples import lightning_fit
 
     return lightning_fit.main(["--optimizer", "dash", "--out", str(tmp_path_factory.mktemp("lightning_dash"))])
 
 
 def test_lightning_resumes_bit_exact(lightning_dash):
-    import lightning_fit
+    from examples import lightning_fit
 
     # Trainer(deterministic=True) sets torch's process-wide flag; fit() puts it back for later tests
     assert not torch.are_deterministic_algorithms_enabled()
@@ -73,7 +73,7 @@ def test_lightning_resumes_bit_exact(lightning_dash):
 
 
 def test_lightning_dash_ends_below_adamw(lightning_dash, tmp_path):
-    import lightning_fit
+    from examples import lightning_fit
 
     adamw = lightning_fit.main(["--optimizer", "adamw", "--no-resume", "--out", str(tmp_path)])
     assert adamw["module"].trainer.global_step == 60

@@ -1,11 +1,10 @@
-"""benchmarks/peers.py --quick runs and prints its table (peers that are not installed are skipped)."""
+"""python -m benchmarks.peers --quick runs and prints its table (peers that are not installed are skipped)."""
 
 import os
 import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "benchmarks", "peers.py")
 
 
 def test_peers_quick_prints_the_table():
@@ -14,7 +13,7 @@ def test_peers_quick_prints_the_table():
     machine line, --only) must not rot. Its rows' math is the library tests' business: two
     eager rows, dash_fn and AdamW, exercise the harness; the compiled rows would add minutes
     of compiling that tests/test_compile_step.py already pays."""
-    cmd = [sys.executable, SCRIPT, "--quick", "--only", "dash-eager", "adamw"]
+    cmd = [sys.executable, "-m", "benchmarks.peers", "--quick", "--only", "dash-eager", "adamw"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-4000:]
     lines = out.stdout.splitlines()

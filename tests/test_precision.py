@@ -13,11 +13,11 @@ import pytest
 import torch
 
 import dash_fn
+from benchmarks.syncs import assert_one_graph_without_syncs
 from conftest import mixed_params, random_grads
 from dash_fn.preconditioners import config_products
 from dash_fn.roots.matmul import PLAIN, Products, cpu_has_bf16_units, products_for
 from dash_fn.strategy import simulated_accelerator
-from syncs import assert_one_graph_without_syncs
 
 f64 = torch.float64
 LOW = ("tf32", "bfloat16", "float16")
@@ -246,7 +246,9 @@ def test_a_16_bit_step_compiles_to_one_graph_without_syncs(precision):
     config = dash_fn.DashConfig(block_size=8, precision=precision, inv_root_freq=3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert_one_graph_without_syncs(config, mixed_params(shapes={"w": (24, 20), "thin": (2, 40), "b": (20,)}))
+        assert_one_graph_without_syncs(
+            config, mixed_params(shapes={"w": (24, 20), "thin": (2, 40), "b": (20,)}), random_grads
+        )
 
 
 @pytest.mark.parametrize("strategy", ["cpu", "accelerator"])

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
 
 import dash_fn
 import dash_fn.roots as roots
+from benchmarks.peak_memory import PeakMemory
 from conftest import mixed_params, random_grads
 from dash_fn.roots import refresh_roots, start_vectors, uses_start_vectors
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-from peak_memory import PeakMemory  # noqa: E402
 
 SOLVERS = ["eigh", "ndb", "cn", "chebyshev"]
 

@@ -137,7 +137,7 @@ def test_adapter_training_loop_repeats_bitwise(tmp_path):
 
 def test_train_lm_leaves_the_deterministic_flag_as_it_found_it(tmp_path):
     """--deterministic (the default) is process-wide: main() restores it for in-process callers."""
-    import train_lm
+    from examples import train_lm
 
     assert not torch.are_deterministic_algorithms_enabled()
     tiny = [
@@ -166,9 +166,8 @@ def test_train_lm_leaves_the_deterministic_flag_as_it_found_it(tmp_path):
 def test_sensitivity_benchmark_runs_and_its_control_is_exact():
     """benchmarks/sensitivity.py at the first refresh: the same gradients twice give the same
     update (control 0), and every matrix gets its two one-ulp trials at both steps."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import sensitivity
-    from train_lm import stdlib_corpus
+    from benchmarks import sensitivity
+    from examples.train_lm import stdlib_corpus
 
     result = sensitivity.sensitivity("eigh", 1e-10, 0, stdlib_corpus(200_000)[0])
     assert result["control"] == 0.0

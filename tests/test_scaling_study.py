@@ -5,22 +5,16 @@ synthetic runs whose answers are known in closed form."""
 import dataclasses
 import json
 import math
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-
-import dash_fn  # noqa: E402
-import defaults_bench  # noqa: E402
-import scaling  # noqa: E402
-import scaling_report  # noqa: E402
-import train_lm  # noqa: E402
-from llama import Llama, LlamaConfig  # noqa: E402
+import dash_fn
+from benchmarks import defaults_bench, scaling, scaling_records, scaling_report
+from examples import train_lm
+from examples.llama import Llama, LlamaConfig
 
 
 def test_grid_is_one_and_three_per_decade():
@@ -51,7 +45,7 @@ def fake_trainer(best_lr: float, trained: list):
 
 @pytest.mark.parametrize("best", [3e-2, 3e-5, 1e-3])
 def test_sweep_widens_until_the_best_rate_is_inside(monkeypatch, tmp_path, best):
-    monkeypatch.setattr(scaling, "RESULTS", tmp_path)
+    monkeypatch.setattr(scaling_records, "RESULTS", tmp_path)
     trained = []
     monkeypatch.setattr(scaling, "train", fake_trainer(best, trained))
     assert scaling.sweep(scaling.Study("s"), "adamw", progress=False) == pytest.approx(best)
@@ -66,7 +60,7 @@ def test_sweep_widens_until_the_best_rate_is_inside(monkeypatch, tmp_path, best)
 
 
 def test_sweep_gives_up_widening_at_the_grid_limit(monkeypatch, tmp_path):
-    monkeypatch.setattr(scaling, "RESULTS", tmp_path)
+    monkeypatch.setattr(scaling_records, "RESULTS", tmp_path)
     trained = []
     monkeypatch.setattr(scaling, "train", fake_trainer(1e3, trained))  # the best rate is far off the grid
     scaling.sweep(scaling.Study("s"), "adamw", progress=False)
@@ -90,7 +84,7 @@ def curve(final_steps, losses, ms_per_step, optimizer_ms):
 def test_report_fractions_against_adamw_and_muon(monkeypatch, tmp_path):
     """AdamW ends at 2.0 after 50 steps at 10 ms; DASH passes 2.0 at step 20 (of 50) at 20 ms a step:
     0.4 of AdamW's steps and 20 * 20 / (50 * 10) = 0.8 of its seconds; it ends 0.25 below Muon."""
-    monkeypatch.setattr(scaling, "RESULTS", tmp_path)
+    monkeypatch.setattr(scaling_records, "RESULTS", tmp_path)
     runs = [
         {"optimizer": "adamw", "lr": 1e-3, "seed": 0, **curve(50, [3.0, 2.6, 2.3, 2.1, 2.0], 10, 1)},
         {"optimizer": "adamw", "lr": 3e-3, "seed": 0, **curve(50, [3.0, 2.7, 2.4, 2.2, 2.1], 10, 1)},
@@ -110,7 +104,7 @@ def test_report_fractions_against_adamw_and_muon(monkeypatch, tmp_path):
 
 
 def test_report_marks_an_optimizer_that_never_reaches_adamw(monkeypatch, tmp_path):
-    monkeypatch.setattr(scaling, "RESULTS", tmp_path)
+    monkeypatch.setattr(scaling_records, "RESULTS", tmp_path)
     runs = [{"optimizer": "adamw", "lr": 1e-3, "seed": s, **curve(20, [2.5, 2.0], 10, 1)} for s in (0, 1)] + [
         {"optimizer": "muon", "lr": 1e-2, "seed": s, **curve(20, [2.5, 2.0 + 0.1 * s], 10, 1)} for s in (0, 1)
     ]
@@ -124,7 +118,7 @@ def test_report_marks_an_optimizer_that_never_reaches_adamw(monkeypatch, tmp_pat
 def test_report_pairs_with_muon_only_on_one_machine(monkeypatch, tmp_path):
     """Seed 0's DASH and Muon ran on one machine (difference -0.2), seed 1's on two (-0.5 would
     come from the machines as much as the optimizers): only seed 0 counts, and the cell says so."""
-    monkeypatch.setattr(scaling, "RESULTS", tmp_path)
+    monkeypatch.setattr(scaling_records, "RESULTS", tmp_path)
     runs = [
         {"optimizer": "muon", "lr": 1e-2, "seed": s, **curve(20, [2.5, 2.0], 10, 1), "machine": "A"} for s in (0, 1)
     ] + [
@@ -142,7 +136,7 @@ def test_report_pairs_with_muon_only_on_one_machine(monkeypatch, tmp_path):
 def test_report_pairs_each_precision_with_float32_by_seed_on_one_machine(monkeypatch, tmp_path):
     """precision-cn-float16 against precision-cn-float32: seed 0 +0.003, seed 1 -0.002 (within
     0.005 both); bfloat16's seed 1 ran on another machine and drops out, its seed 0 is +0.008."""
-    monkeypatch.setattr(scaling, "RESULTS", tmp_path)
+    monkeypatch.setattr(scaling_records, "RESULTS", tmp_path)
 
     def run(label, seed, final, machine="A"):
         return {"optimizer": label, "lr": 1e-3, "seed": seed, **curve(20, [2.5, final], 10, 1), "machine": machine}
@@ -219,7 +213,7 @@ def fake_train_lm(monkeypatch, calls: list):
 def test_train_runs_what_is_missing_in_one_process_per_set_of_rates(monkeypatch, tmp_path):
     """train_lm is called once for the seeds that miss the same rates, with the optimizer's own
     arguments, and every run it logs is recorded (here a stand-in writes train_lm's log)."""
-    monkeypatch.setattr(scaling, "RESULTS", tmp_path)
+    monkeypatch.setattr(scaling_records, "RESULTS", tmp_path)
     calls = []
     fake_train_lm(monkeypatch, calls)
     scaling.record("s", [{"optimizer": "dash-ndb", "lr": 1e-3, "seed": 2, "val_loss": [1.0]}])
@@ -234,7 +228,7 @@ def test_train_runs_what_is_missing_in_one_process_per_set_of_rates(monkeypatch,
 
 
 def test_longer_runs_train_at_the_sweeps_rate_and_are_recorded_apart(monkeypatch, tmp_path):
-    monkeypatch.setattr(scaling, "RESULTS", tmp_path)
+    monkeypatch.setattr(scaling_records, "RESULTS", tmp_path)
     calls = []
     fake_train_lm(monkeypatch, calls)
     sweep = [{"optimizer": "muon", "lr": lr, "seed": 0, "val_loss": [v]} for lr, v in ((3e-3, 1.5), (1e-2, 1.2))]
@@ -245,7 +239,7 @@ def test_longer_runs_train_at_the_sweeps_rate_and_are_recorded_apart(monkeypatch
     assert "muon@0.01" in command  # the best rate of the 600-step sweep
     assert scaling.load("l") == sweep  # the preset's file is untouched
     assert {(r["lr"], r["seed"]) for r in scaling.load("l-1200")} == {(1e-2, 0), (1e-2, 1)}
-    assert scaling.longer_studies() == ["l-1200"]
+    assert scaling_records.longer_studies() == ["l-1200"]
     assert any(row.startswith("| l-1200 (") for row in scaling_report.size_rows("l-1200"))
     with pytest.raises(SystemExit):
         scaling.main(["sweep", "--size", "l", "--steps", "1200"])  # a sweep tunes at the preset's steps
@@ -288,7 +282,7 @@ def test_the_labels_measured_before_the_defaults_changed_keep_their_config():
 
 
 def test_rate_table_divides_each_best_rate_by_the_bases(monkeypatch, tmp_path):
-    monkeypatch.setattr(scaling, "RESULTS", tmp_path)
+    monkeypatch.setattr(scaling_records, "RESULTS", tmp_path)
     finals = {("muon", 3e-3): 2.1, ("muon", 1e-2): 2.0, ("dash-combo", 6e-3): 1.8, ("dash-combo", 1.2e-2): 1.9}
     runs = [{"optimizer": k, "lr": lr, "seed": 0, **curve(20, [2.5, v], 10, 1)} for (k, lr), v in finals.items()]
     scaling.record("s", runs)
@@ -342,7 +336,7 @@ def test_the_data_axis_grid_doubles():
 
 
 def test_a_data_budget_sweeps_from_its_sizes_best_rate_and_is_recorded_apart(monkeypatch, tmp_path):
-    monkeypatch.setattr(scaling, "RESULTS", tmp_path)
+    monkeypatch.setattr(scaling_records, "RESULTS", tmp_path)
     preset = [{"optimizer": "adamw", "lr": lr, "seed": 0, "val_loss": [v]} for lr, v in ((1e-3, 1.4), (3e-3, 1.2))]
     scaling.record("s", preset)
     trained = []
@@ -353,12 +347,12 @@ def test_a_data_budget_sweeps_from_its_sizes_best_rate_and_is_recorded_apart(mon
     assert all(b / a == pytest.approx(2, rel=1e-2) for a, b in zip(tried, tried[1:]))
     assert tried[0] == pytest.approx(2e-3)  # it starts around the preset's 3e-3: 2e-3, 4e-3, 8e-3
     assert tried[0] < best < tried[-1]
-    assert scaling.load("s") == preset and scaling.data_studies() == ["s-tpp20-b128"]
-    assert scaling.longer_studies() == []
+    assert scaling.load("s") == preset and scaling_records.data_studies() == ["s-tpp20-b128"]
+    assert scaling_records.longer_studies() == []
 
 
 def test_the_seeds_of_a_data_budget_train_at_its_own_best_rate(monkeypatch, tmp_path):
-    monkeypatch.setattr(scaling, "RESULTS", tmp_path)
+    monkeypatch.setattr(scaling_records, "RESULTS", tmp_path)
     calls = []
     fake_train_lm(monkeypatch, calls)
     scaling.record("s", [{"optimizer": "muon", "lr": 1e-2, "seed": 0, "val_loss": [1.0]}])
@@ -378,7 +372,7 @@ def test_report_gives_the_data_axis_against_muon_and_adamw(monkeypatch, tmp_path
     """At a budget, DASH ends 0.02 and 0.04 below Muon on seeds 0 and 1 (paired: -0.03 ± 0.01)
     and passes AdamW's final 2.0 at step 20 of 50 at twice and three times its step time: 0.4 of
     its steps, 0.8 and 1.2 of its seconds. The size's preset study is a point of the same plot."""
-    monkeypatch.setattr(scaling, "RESULTS", tmp_path)
+    monkeypatch.setattr(scaling_records, "RESULTS", tmp_path)
     runs = []
     for seed, gap in ((0, 0.02), (1, 0.04)):
         runs += [

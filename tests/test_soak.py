@@ -1,12 +1,7 @@
 """benchmarks/soak.py at 300 steps (aot_eager): faults injected as data never recompile, the
 guard skips exactly the NaN, Inf and 1e30-scaled steps, and the parameters stay finite."""
 
-import os
-import sys
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-
-import soak  # noqa: E402
+from benchmarks import soak
 
 
 def test_fault_schedule_is_deterministic_and_cycles():

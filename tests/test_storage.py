@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import dash_fn
+from benchmarks.syncs import SyncCounter, inspecting_backend
 from conftest import mixed_params, random_grads
 from dash_fn.strategy import simulated_accelerator
 from reference import ReferenceDash
-from syncs import SyncCounter, inspecting_backend
 
 pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (docs/CONTRIBUTING.md)
 

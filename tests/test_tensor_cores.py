@@ -2,7 +2,7 @@
 
 ``DashConfig()`` resolves ``precision="auto"`` to ``torch.bmm(a16, b16, out_dtype=float32)`` on
 CUDA and XPU. The CPU has no such kernel, so these tests run it through a stand-in with CUDA's
-contract (tests/tensor_core_stand_in.py): registered for the whole simulated accelerator pass
+contract (benchmarks/tensor_core_stand_in.py): registered for the whole simulated accelerator pass
 (tests/conftest.py), and for a test alone in the main pass. A device that refuses the kernel
 (the facts of :class:`dash_fn.roots.matmul.TensorCoreFacts`, faked here) falls back to float32
 under "auto" with one notice, and refuses an explicit 16-bit precision at ``init``.
@@ -17,13 +17,13 @@ import pytest
 import torch
 
 import dash_fn
+from benchmarks.syncs import SyncCounter, inspecting_backend
+from benchmarks.tensor_core_stand_in import process_stand_in, tensor_core_stand_in
 from conftest import mixed_params, random_grads
 from dash_fn import state as state_module
 from dash_fn.roots import matmul
 from dash_fn.roots.matmul import PLAIN, Products, TensorCoreFacts, products_for, tensor_core_refusal
 from dash_fn.strategy import simulated_accelerator, simulating
-from syncs import SyncCounter, inspecting_backend
-from tensor_core_stand_in import process_stand_in, tensor_core_stand_in
 
 CPU = torch.device("cpu")
 FLOAT16_TENSOR_CORES = Products("float16", "tensor_core")

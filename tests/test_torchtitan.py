@@ -16,6 +16,8 @@ import sys
 import pytest
 import torch
 
+from conftest import root_on_path
+
 # (not in the simulated accelerator pass: the container adds nothing to DASH's step, whose
 # accelerator path on these layouts tests/test_tensor_parallel.py covers)
 pytestmark = pytest.mark.skipif(
@@ -33,7 +35,7 @@ def torchrun(out, *args: str) -> list[dict]:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={RANKS}", WORKER]
     done = subprocess.run(
         [*command, str(out), *args],
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env=root_on_path({**os.environ, "OMP_NUM_THREADS": "1"}),
         capture_output=True,
         text=True,
         timeout=600,

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import dash_fn
+from benchmarks.syncs import assert_one_graph_without_syncs
 from conftest import mixed_params, random_grads
 from dash_fn.roots import resolve_solver, solve, start_vectors
 from dash_fn.roots.scaling import spectral_norm_estimate
 from dash_fn.strategy import ACCELERATOR, CPU, simulated_accelerator
-from syncs import assert_one_graph_without_syncs
 
 pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (docs/CONTRIBUTING.md)
 
@@ -170,14 +170,18 @@ def test_all_options_compile_to_one_graph_without_syncs(grafting):
     device, nothing CUDA graphs would skip; and eager steps make no sync."""
     options = {**ALL_OPTIONS, "grafting": grafting}
     config = dash_fn.DashConfig(block_size=8, solver="ndb", inv_root_freq=3, newton_steps=4, mu=0.5, **options)
-    assert_one_graph_without_syncs(config, mixed_params(shapes={"w": (24, 20), "thin": (2, 40), "b": (20,)}))
+    assert_one_graph_without_syncs(
+        config, mixed_params(shapes={"w": (24, 20), "thin": (2, 40), "b": (20,)}), random_grads
+    )
 
 
 @pytest.mark.sets_accelerator
 def test_the_tuned_preset_compiles_to_one_graph_without_syncs():
     """DashConfig.tuned() as an accelerator runs it ("auto": coupled Newton for its cube roots)."""
     config = dash_fn.DashConfig.tuned(block_size=8, newton_steps=4)
-    assert_one_graph_without_syncs(config, mixed_params(shapes={"w": (24, 20), "thin": (2, 40), "b": (20,)}))
+    assert_one_graph_without_syncs(
+        config, mixed_params(shapes={"w": (24, 20), "thin": (2, 40), "b": (20,)}), random_grads
+    )
 
 
 @pytest.mark.parametrize("solver", ["eigh", "ndb"])

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import dash_fn
+from benchmarks.syncs import SyncCounter, inspecting_backend
 from conftest import mixed_params, random_grads
 from dash_fn.checkpoint import read_config
 from dash_fn.strategy import simulated_accelerator
 from reference import ReferenceDash
-from syncs import SyncCounter, inspecting_backend
 from test_staggered import relative_update_error, roots, run
 
 pytestmark = pytest.mark.accelerator  # also run under the simulated accelerator strategy (docs/CONTRIBUTING.md)

@@ -4,15 +4,12 @@
     torchrun --standalone --nproc-per-node 4 tests/torchtitan_worker.py OUT --dp-shard 2 --tp 2
 """
 
-import os
 import sys
 
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "examples"))
-
-import torchtitan_dash  # noqa: E402
+from examples import torchtitan_dash
 
 if __name__ == "__main__":
     out = sys.argv[1]

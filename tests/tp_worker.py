@@ -24,11 +24,9 @@ import sys
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-import dash_fn  # noqa: E402
-from conftest import random_grads  # noqa: E402
-from dash_fn.distributed.fsdp import sent_elements  # noqa: E402
+import dash_fn
+from conftest import random_grads
+from dash_fn.distributed.fsdp import sent_elements
 
 STEPS = 6
 # widths that put tensor-parallel edges inside blocks of 8 (40 / 2 = 20 rows or columns a
@@ -189,8 +187,8 @@ def adapter_run(net, steps, compile=False) -> list[torch.Tensor]:
 def count_syncs(dp: int, tp: int) -> list[str]:
     """The host syncs of steady-state steps under the accelerator strategy (simulated on the
     CPU): functional on the parallelized block's pieces, NDB with the guard, eager."""
+    from benchmarks.syncs import SyncCounter
     from dash_fn.strategy import simulated_accelerator
-    from syncs import SyncCounter
 
     config = SCENARIOS["ndb"]
     counter = SyncCounter()

@@ -106,12 +106,12 @@ def inspecting_backend(graphs: list):
     return aot_autograd(fw_compiler=compiler, keep_inference_input_mutations=True)
 
 
-def assert_one_graph_without_syncs(config, params: dict, steps: int = 9) -> None:
+def assert_one_graph_without_syncs(config, params: dict, random_grads, steps: int = 9) -> None:
     """Under the simulated accelerator strategy: ``steps`` compiled steps make one graph with no
     node reading the device and nothing CUDA graphs would skip; the same steps eagerly make no
-    sync after the first; compiled and eager agree."""
+    sync after the first; compiled and eager agree. ``random_grads(params, t)`` gives step t's
+    gradients (the tests pass theirs: this package imports nothing from tests/)."""
     import dash_fn
-    from conftest import random_grads
     from dash_fn.strategy import simulated_accelerator
 
     graphs: list = []

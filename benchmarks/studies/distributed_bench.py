@@ -1,7 +1,13 @@
+# A study (benchmarks/studies/README.md): kept as it ran, not maintained, imported by no test.
+# Ran at: 16798f0 (2026-11-29; this script as of a2dcae6), on the 2-core development VM:
+#   python benchmarks/distributed_bench.py             (today: python -m benchmarks.studies.distributed_bench)
+#   python benchmarks/distributed_bench.py --solver ndb
+#   python benchmarks/distributed_bench.py --world-sizes 1 --threads 2
+# Figures: benchmarks/history/distributed.md, "Blocks split over W CPU processes".
 """Step time and optimizer state per rank with the blocks split over W CPU processes (gloo).
 
-    python benchmarks/distributed_bench.py                     # W = 1 and 2, d_model 512, block 256
-    python benchmarks/distributed_bench.py --world-sizes 1 2 4 --d-model 1024 --threads 1
+    python -m benchmarks.studies.distributed_bench                     # W = 1 and 2, d_model 512, block 256
+    python -m benchmarks.studies.distributed_bench --world-sizes 1 2 4 --d-model 1024 --threads 1
 
 For each W, W processes on this machine run ``dash_fn.step`` (eager) on the Llama-like layer
 shapes of step_bench.py with ``process_group=WORLD`` (W = 1: no group, the one-process code);
@@ -17,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 
@@ -25,12 +30,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-import dash_fn  # noqa: E402
-from dash_fn.distributed import rank_loads  # noqa: E402
-from state_memory import state_bytes  # noqa: E402
-from step_bench import layer_shapes  # noqa: E402
+import dash_fn
+from benchmarks.state_memory import state_bytes
+from benchmarks.step_bench import layer_shapes
+from dash_fn.distributed import rank_loads
 
 
 def worker(rank: int, world_size: int, args, init_file: str, out: str) -> None:

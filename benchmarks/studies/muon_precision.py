@@ -1,6 +1,11 @@
+# A study (benchmarks/studies/README.md): kept as it ran, not maintained, imported by no test.
+# Ran at: 9288b6b (2026-12-04), on the AVX2 development VM:
+#   python benchmarks/muon_precision.py --reps 3       (today: python -m benchmarks.studies.muon_precision)
+# and at 1474d74 (2026-12-04), on the AMX VM: python benchmarks/muon_precision.py
+# Figures: benchmarks/history/update-rules.md, "Each option alone, and the first runs of the combination".
 """Is torch.optim.Muon's bfloat16 Newton-Schulz slow on this CPU? (issue 39's check before the study)
 
-    python benchmarks/muon_precision.py [--reps 5]
+    python -m benchmarks.studies.muon_precision [--reps 5]
 
 Times ``torch.optim.Muon.step`` on eight 1024 x 256 matrices, and on the hidden matrices of the
 scaling study's largest model (its Newton-Schulz iterations run in bfloat16, as torch rounds
@@ -21,7 +26,7 @@ from unittest import mock
 import torch
 import torch.optim._muon as muon_module
 
-from machine import machine_line
+from benchmarks.machine import machine_line
 
 # the issue's example, and the hidden matrices of train_lm --size l (4 layers of d_model 512:
 # attention 4 x (512, 512), MLP 2 x (1365, 512) and (512, 1365))

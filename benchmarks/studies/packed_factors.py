@@ -1,6 +1,10 @@
+# A study (benchmarks/studies/README.md): kept as it ran, not maintained, imported by no test.
+# Ran at: 92188fa (2026-12-03; this script as of afe6890), on the 2-core development VM:
+#   python benchmarks/packed_factors.py                (today: python -m benchmarks.studies.packed_factors)
+# Figures: benchmarks/history/memory.md, "Packed factors".
 """Would packed factors pay? The factor EMA with factors kept whole (dash_fn) against two packed forms.
 
-    python benchmarks/packed_factors.py [--d 1024] [--block-size 256] [--reps 15]
+    python -m benchmarks.studies.packed_factors [--d 1024] [--block-size 256] [--reps 15]
 
 Symmetric factors need only a triangle: b(b + 1)/2 of b² entries. On peers.py's model (3 x
 Linear(d, d) with bias, block b) this script times, side by side in one process (medians of
@@ -24,17 +28,13 @@ whole factors at a refresh (unpacking, amortized over inv_root_freq steps, is no
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-import dash_fn  # noqa: E402
-from machine import machine_line  # noqa: E402
+import dash_fn
+from benchmarks.machine import machine_line
 
 BETA = 0.95
 

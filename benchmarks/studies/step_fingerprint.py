@@ -1,7 +1,13 @@
+# A study (benchmarks/studies/README.md): kept as it ran, not maintained, imported by no test.
+# Ran for the refactor of issue 38 (recorded at b9468db, 2026-12-04), this script as of 8252620:
+#   python benchmarks/step_fingerprint.py save OUT.pt  at 18cd118 (its worktree on PYTHONPATH) and at 66bde8d
+#   python benchmarks/step_fingerprint.py compare A.pt B.pt
+#   (today: python -m benchmarks.studies.step_fingerprint save OUT.pt | compare A.pt B.pt)
+# Figures: benchmarks/history/step-speed-cpu.md, "One algorithm, one switch: the refactor's shape, bits and speed".
 """Did a refactor change any bit? Train a fixed set of configs and compare two commits' results.
 
-    python benchmarks/step_fingerprint.py save OUT.pt      # at each commit (or worktree)
-    python benchmarks/step_fingerprint.py compare A.pt B.pt
+    python -m benchmarks.studies.step_fingerprint save OUT.pt      # at each commit (or worktree)
+    python -m benchmarks.studies.step_fingerprint compare A.pt B.pt
 
 ``save`` trains fifteen configs (the default; periodic eigh with refresh read on the host; NDB;
 coupled Newton with AdaGrad grafting and Nesterov momentum; Chebyshev unguarded without a

@@ -6,6 +6,9 @@ Arrows are the imports of ``dash_fn`` modules by ``dash_fn`` modules, function-l
 included; importing a submodule runs its package's ``__init__``, so that is an arrow too.
 "Device reads" counts, outside ``strategy.py``, the places that read the execution strategy or
 derive it from a device: ``host_reads``, ``cpu_ops``, ``for_device(``, ``is_compiling(``.
+"Mode-string tests" counts, outside ``config.py``, the comparisons (``==``, ``!=``, ``in``) of a
+value with a string literal (or a tuple of them) that is one of DashConfig's choices
+(:data:`CHOICES`), leaving out lookups of a key (``"adamw" in state.keys()``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,34 @@ import sys
 from collections import defaultdict
 
 READS = re.compile(r"\bhost_reads\b|\bcpu_ops\b|for_device\(|is_compiling\(")
+# the values of DashConfig's choice fields (solver, preconditioner, scaling, eigh_heuristic,
+# grafting, one_dim, refresh_schedule, precision, fsdp_blocks), as of issue 68
+CHOICES = set(
+    "eigh cn ndb chebyshev qr auto shampoo eigenvalue_corrected fro pi pim abs abs_add relu adam adagrad rms "
+    "spectral adamw staggered periodic float32 tf32 bfloat16 float16 exact aligned local".split()
+)
+
+
+def _literals(node: ast.AST) -> set[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and node.elts:
+        if all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):
+            return {e.value for e in node.elts}  # type: ignore[attr-defined]
+    return set()
+
+
+def mode_string_tests(path: str) -> int:
+    """The comparisons of a value with one of :data:`CHOICES` in a module (the module doc)."""
+    count = 0
+    for node in ast.walk(ast.parse(open(path).read())):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        keys = any(isinstance(s, ast.Call) and getattr(s.func, "attr", "") == "keys" for s in sides)
+        if not keys and any(_literals(s) & CHOICES for s in sides):
+            count += 1
+    return count
 
 
 def modules(root: str) -> dict[str, str]:
@@ -107,6 +138,12 @@ def main() -> None:
     largest = sorted(functions, reverse=True)[:8]
     print("largest functions (lines, docstrings included): " + ", ".join(f"{name} {n}" for n, name in largest))
     print(f"device reads: {sum(reads.values())} ({', '.join(f'{m} {n}' for m, n in sorted(reads.items()))})")
+    modes = {
+        short(m): mode_string_tests(p) for m, p in mods.items() if not p.endswith(os.path.join("dash_fn", "config.py"))
+    }
+    modes = {m: n for m, n in modes.items() if n}
+    listed = ", ".join(f"{m} {n}" for m, n in sorted(modes.items(), key=lambda item: -item[1]))
+    print(f"mode-string tests outside config.py: {sum(modes.values())} ({listed})")
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ import torch
 import dash_fn
 from benchmarks.machine import machine_line
 from benchmarks.peers import make_model
-from dash_fn.roots import resolve_solver
+from dash_fn.preconditioners import resolve_solver
 from dash_fn.strategy import for_device
 from examples.llama import Llama, LlamaConfig, next_byte_loss
 

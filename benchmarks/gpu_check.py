@@ -67,6 +67,7 @@ import dash_fn
 from benchmarks.step_bench import bench, markdown, median_seconds, speedups
 from benchmarks.syncs import SyncCounter
 from benchmarks.tensor_core_stand_in import process_stand_in, tensor_core_stand_in
+from dash_fn.preconditioners import config_products
 from dash_fn.roots.matmul import LOW, products_for, tf32_bmm
 from dash_fn.strategy import simulated_accelerator
 
@@ -270,12 +271,12 @@ def describe(error: BaseException) -> str:
 
 def products_text(config: dash_fn.DashConfig, device: torch.device) -> str:
     """The precision and kernel of ``config``'s products on ``device`` (float32 parameters)."""
-    products = products_for(config.precision, device, preconditioner=config.preconditioner)
+    products = config_products(config, device)
     return f"{products.precision} products ({products.kernel})"
 
 
 def resolved_precision(config: dash_fn.DashConfig, device: torch.device) -> str:
-    return products_for(config.precision, device, preconditioner=config.preconditioner).precision
+    return config_products(config, device).precision
 
 
 @contextlib.contextmanager

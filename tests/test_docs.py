@@ -110,13 +110,16 @@ def test_cited_sections_exist():
 
 def public_callables() -> dict[str, object]:
     """What the API reference (docs/api.md) renders: ``dash_fn.__all__``, ``dash_fn.utils.__all__``,
-    and the public methods of ``DASH`` and ``DashConfig`` that those classes define."""
+    ``dash_fn.preconditioners.fields_read``, and the public methods of ``DASH``, ``DashConfig``
+    and ``Preconditioner`` that those classes define."""
     import dash_fn
     import dash_fn.utils
+    from dash_fn.preconditioners import Preconditioner, fields_read
 
     objects = {f"dash_fn.{n}": getattr(dash_fn, n) for n in dash_fn.__all__ if n != "utils"}
     objects |= {f"dash_fn.utils.{n}": getattr(dash_fn.utils, n) for n in dash_fn.utils.__all__}
-    for cls in (dash_fn.DASH, dash_fn.DashConfig):
+    objects["dash_fn.preconditioners.fields_read"] = fields_read
+    for cls in (dash_fn.DASH, dash_fn.DashConfig, Preconditioner):
         for name, member in vars(cls).items():
             member = getattr(member, "__func__", member)  # classmethods
             if not name.startswith("_") and inspect.isfunction(member):

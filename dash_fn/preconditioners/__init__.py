@@ -28,9 +28,17 @@ def resolve_solver(config: DashConfig, strategy: Strategy) -> str:
 
 
 def fields_read(config: DashConfig, solver: str) -> tuple[str, ...]:
-    """The DashConfig fields a config's refresh reads under ``solver`` (as resolved: "auto"
-    picks per device, :func:`resolve_solver`): its knobs, the one list of them. The other
-    solver knobs do nothing there."""
+    """The DashConfig fields a config's refresh reads under a solver: its knobs, the one list
+    of them (every other solver knob does nothing there). A root solver's and, for the matmul
+    iterations, the scaling's; eigh's eigenbases read none, orthogonal iteration ``qr_steps``.
+
+    Args:
+        config: the config (its preconditioner and scaling).
+        solver: the solver as resolved ("auto" picks per device: eigh on the CPU).
+
+    Returns:
+        The field names.
+    """
     return unit_for(config).fields_read(config, solver)
 
 

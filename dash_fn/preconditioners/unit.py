@@ -26,11 +26,14 @@ if TYPE_CHECKING:
 
 
 class Directions(NamedTuple):
-    """A group's directions before grafting (4 f, g): ``adam``, Adam's direction (the
-    preconditioner's own where it has no grafting); ``preconditioned`` (None: none this step);
-    ``ready``, where ``preconditioned`` replaces ``adam`` once grafted: True everywhere, False
-    nowhere, or a bool tensor that broadcasts over the blocks (per block, or 0-d). Both
-    directions are the step's own temporaries (grafting scales them in place), never state."""
+    """A group's directions before grafting (docs/ALGORITHM.md 4 f, g).
+
+    ``adam`` is Adam's direction (the preconditioner's own direction where it takes no
+    grafting); ``preconditioned`` the preconditioned one (None: none this step); ``ready`` where
+    ``preconditioned``, once grafted, replaces ``adam``: True everywhere, False nowhere, or a bool
+    tensor that broadcasts over the blocks (per block, or 0-d). Both directions are the step's
+    own temporaries (grafting scales them in place), never state tensors.
+    """
 
     adam: torch.Tensor
     preconditioned: torch.Tensor | None
@@ -38,47 +41,94 @@ class Directions(NamedTuple):
 
 
 class Preconditioner:
-    """The contract; each method has the step's context (:class:`dash_fn.context.StepContext`)
-    or the config, and no method may read the device on the host where the strategy forbids it
-    (:mod:`dash_fn.forms`)."""
+    """A preconditioner as the step runs it: subclass it, give it a ``name`` and an
+    ``auto_precision`` ("float16" or "float32": what ``precision="auto"`` multiplies in on a
+    device with tensor cores), and implement ``fields_read``, ``solve`` and ``direction`` (and
+    ``solver`` or ``accelerator_solver``). The step context (``dash_fn.context.StepContext``)
+    gives the config, this rank's plan, the state, the device forms and the non-finite guard;
+    no method may read a device value on the host where the strategy forbids it
+    (``dash_fn.forms``)."""
 
     name: str
-    # what precision="auto" multiplies in on a device with tensor cores (dash_fn.roots.matmul)
     auto_precision: str
+    # the keys of the state entries that constants() may make
+    constant_keys: tuple[str, ...] = ()
 
     def solver(self, config: DashConfig, strategy: Strategy) -> str:
-        """The refresh's solver: the config's, or what "auto" picks under ``strategy``: eigh
-        where the CPU's ops serve (LAPACK beats the matmul iterations there), elsewhere
-        :meth:`accelerator_solver` (eigh syncs there once per call, cuSOLVER's error check, and
-        so cannot be captured by CUDA graphs)."""
+        """The refresh's solver: the config's, or what "auto" picks: eigh where the CPU's ops
+        serve (LAPACK beats the matmul iterations there), elsewhere ``accelerator_solver``
+        (eigh syncs there once per call, cuSOLVER's error check, which CUDA graphs cannot
+        capture).
+
+        Args:
+            config: the config.
+            strategy: the call's execution strategy (``dash_fn.strategy``).
+
+        Returns:
+            The solver's name.
+        """
         if config.solver != "auto":
             return config.solver
         return "eigh" if strategy.cpu_ops else self.accelerator_solver(config)
 
-    def fields_read(self, config: DashConfig, solver: str) -> tuple[str, ...]:
-        """The DashConfig fields its refresh reads under ``solver`` (the solver's knobs)."""
+    def accelerator_solver(self, config: DashConfig) -> str:
+        """What "auto" picks off the CPU: a matmul-only iteration.
+
+        Args:
+            config: the config.
+
+        Returns:
+            The solver's name.
+        """
         raise NotImplementedError
 
-    def accelerator_solver(self, config: DashConfig) -> str:
-        """What "auto" picks off the CPU: a matmul-only iteration."""
+    def fields_read(self, config: DashConfig, solver: str) -> tuple[str, ...]:
+        """The DashConfig fields its refresh reads under ``solver``: the solver's knobs.
+
+        Args:
+            config: the config.
+            solver: the resolved solver.
+
+        Returns:
+            The field names.
+        """
         raise NotImplementedError
 
     def group_slots(self, config: DashConfig) -> tuple[str, ...]:
-        """The per-group state entries it keeps, each (N, rows, cols) like the group's blocks:
-        the grafting moment ``A`` and, with ``beta_G > 0``, the gradient EMA ``Gt``."""
+        """The per-group state entries it keeps, each (N, rows, cols) like the group's blocks;
+        by default the grafting moment ``A`` and, with ``beta_G > 0``, the gradient EMA ``Gt``.
+
+        Args:
+            config: the config.
+
+        Returns:
+            The entries' names.
+        """
         return ("A", "Gt") if config.beta_G > 0 else ("A",)
 
-    # the keys of the state entries that constants() may make
-    constant_keys: tuple[str, ...] = ()
-
     def constants(self, plan: Plan, shard, config: DashConfig, device: torch.device) -> dict:
-        """State entries it derives from config and plan (never stored in checkpoints: made
-        by ``init`` and again on every load), under :attr:`constant_keys`."""
+        """State entries it derives from config and plan, under ``constant_keys``: never stored
+        in checkpoints, made by ``init`` and again on every load. None by default.
+
+        Args:
+            plan: the model's blocking plan.
+            shard: this rank's share of it.
+            config: the config.
+            device: the state's device.
+
+        Returns:
+            The entries by key.
+        """
         return {}
 
     def refresh(self, ctx: StepContext, every: bool, refresh_stacks: Callable[[], None]) -> None:
-        """Run ``refresh_stacks`` (the schedule's refresh of every factor stack: all of each,
-        when ``every``, else the due slice) and whatever the preconditioner does around it."""
+        """Run the schedule's refresh and what the preconditioner does around it.
+
+        Args:
+            ctx: the step context.
+            every: whether every block refreshes (else the staggered schedule's due slice).
+            refresh_stacks: refreshes every factor stack (by ``solve``).
+        """
         refresh_stacks()
 
     def solve(
@@ -92,10 +142,35 @@ class Preconditioner:
         products: Products,
         due: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(new, fell_back)``: a stack's refreshed matrices from its ``factors`` (p: the
-        root's order), keeping ``old`` where a refresh fails, and the (K,) mask of those."""
+        """A stack's refreshed matrices (inverse roots, bases...) from its factors, keeping the
+        old one of a block whose refresh fails.
+
+        Args:
+            factors: the (K, b, b) factors.
+            old: the (K, b, b) matrices the refresh replaces.
+            p: the order of the stack's roots.
+            config: the config.
+            start: power-iteration start vectors (b, k), or None.
+            strategy: the call's execution strategy.
+            products: the matrix products of the call's precision (``dash_fn.roots.matmul``).
+            due: the blocks the caller keeps (None: all); a form that reads it on the host may
+                skip the others.
+
+        Returns:
+            ``(new, fell_back)``: the (K, b, b) matrices and a (K,) bool mask of the blocks
+            that kept their old one.
+        """
         raise NotImplementedError
 
     def direction(self, ctx: StepContext, g: int, G: torch.Tensor) -> Directions:
-        """Group ``g``'s directions from its gradient blocks ``G`` (updating its moments)."""
+        """Group ``g``'s directions from its gradient blocks, updating its moments.
+
+        Args:
+            ctx: the step context.
+            g: the group's index in this rank's plan.
+            G: the group's (N, rows, cols) gradient blocks.
+
+        Returns:
+            The directions before grafting.
+        """
         raise NotImplementedError

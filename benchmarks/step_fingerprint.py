@@ -1,24 +1,22 @@
-# A study (benchmarks/studies/README.md): kept as it ran, not maintained, imported by no test.
-# Ran for the refactor of issue 38 (recorded at b9468db, 2026-12-04), this script as of 8252620:
-#   python benchmarks/step_fingerprint.py save OUT.pt  at 18cd118 (its worktree on PYTHONPATH) and at 66bde8d
-#   python benchmarks/step_fingerprint.py compare A.pt B.pt
-#   (today: python -m benchmarks.studies.step_fingerprint save OUT.pt | compare A.pt B.pt)
-# Figures: benchmarks/history/step-speed-cpu.md, "One algorithm, one switch: the refactor's shape, bits and speed".
 """Did a refactor change any bit? Train a fixed set of configs and compare two commits' results.
 
-    python -m benchmarks.studies.step_fingerprint save OUT.pt      # at each commit (or worktree)
-    python -m benchmarks.studies.step_fingerprint compare A.pt B.pt
+    python -m benchmarks.step_fingerprint save OUT.pt      # at each commit (or worktree)
+    python -m benchmarks.step_fingerprint compare A.pt B.pt
+
+An older commit runs from a worktree put first on the path, from outside this checkout (``cd
+/tmp && PYTHONPATH=WORKTREE:THIS_CHECKOUT python -m benchmarks.step_fingerprint save OLD.pt``):
+the same configs, its code.
 
 ``save`` trains fifteen configs (the default; periodic eigh with refresh read on the host; NDB;
 coupled Newton with AdaGrad grafting and Nesterov momentum; Chebyshev unguarded without a
 gradient EMA; bfloat16 factors and roots; a late start of preconditioning; factor sums; the
-eigenvalue-corrected preconditioner staggered, periodic with qr bases, and with AdaGrad's moment
-and no gradient EMA; the fixed norms, with heavy-ball momentum and with a late periodic start;
-never preconditioning; a warm-up) for 7
-steps on a small model with a matrix, a thin block, a ragged matrix, an embedding-like
-matrix and a vector, with a NaN gradient at step 4 and gradients scaled by 1e3 at step 5; each
-eagerly, compiled (``aot_eager``) and under the simulated accelerator strategy. It saves every
-parameter and state tensor. ``compare`` reports the entries whose bits differ (exit 1 if any).
+eigenvalue-corrected preconditioner staggered, periodic with qr bases, and with AdaGrad's
+moment and no gradient EMA; the fixed norms, with heavy-ball momentum and with a late periodic
+start; never preconditioning; a warm-up) for 7 steps on a small model with a matrix, a thin
+block, a ragged matrix, an embedding-like matrix and a vector, with a NaN gradient at step 4
+and gradients scaled by 1e3 at step 5; each eagerly, compiled (``aot_eager``) and under the
+simulated accelerator strategy. It saves every parameter and state tensor. ``compare`` reports
+the entries whose bits differ (exit 1 if any).
 """
 
 from __future__ import annotations

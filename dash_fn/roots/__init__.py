@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import DashConfig, check_solver_options, ndb_serves
+from ..config import PRECONDITIONERS, DashConfig, check_solver_options, ndb_serves
 from ..strategy import CPU, Strategy, for_device
 from .chebyshev import chebyshev_inverse_root
 from .cn import cn_inverse_root
@@ -168,8 +168,11 @@ def inverse_root(
         raise ValueError(f"inverse_root expects a (K, b, b) stack, got shape {tuple(stack.shape)}")
     if not isinstance(p, int) or p < 1:
         raise ValueError(f"inverse_root: p must be a positive integer, got {p!r}")
-    if config.preconditioner != "shampoo":
-        raise ValueError("inverse_root computes roots: its config must have preconditioner='shampoo'")
+    if not PRECONDITIONERS[config.preconditioner].computes_roots:
+        raise ValueError(
+            f"inverse_root computes roots, which preconditioner={config.preconditioner!r} does not: its config must "
+            "have preconditioner='shampoo'"
+        )
     strategy = for_device(stack.device)
     solver = resolve_solver(config, strategy)
     if start is None and uses_start_vectors(config, solver):

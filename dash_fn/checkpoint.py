@@ -53,7 +53,6 @@ from .state import CONSTANTS, constants, init, mark_static
 FORMAT = "dash_fn.state"
 VERSION = 4
 CONFIG_FIELDS = FIELDS
-GROUP_FIELDS = ("A", "Gt", "M")
 
 
 # --- the entries ------------------------------------------------------------------------------
@@ -513,9 +512,8 @@ def _block_key(shard, i: int, row: int, col: int, g: int) -> str:
 def _block_views(state: TensorDict, local, g: int, pos: int) -> dict[str, torch.Tensor]:
     """Views of the state of block ``pos`` of this rank's group ``g`` stack."""
     group = local.groups[g]
-    views = {
-        name: state["groups", str(g), name][pos] for name in GROUP_FIELDS if name in state["groups", str(g)].keys()
-    }
+    entry = state["groups", str(g)]
+    views = {name: entry[name][pos] for name in entry.keys()}  # the preconditioner's slots and M
     for side, letter in ((group.left, "L"), (group.right, "R")):
         if side is not None:
             factors = state["factors", str(side.stack)]

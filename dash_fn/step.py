@@ -14,14 +14,13 @@ import torch
 from tensordict import TensorDict
 
 from .config import DashConfig
-from .context import StepContext
 from .distributed.fsdp import like, to_local
 from .forms import DeviceForms, forms_for
 from .grafting import GRAFTINGS
 from .guard import announce_skip, lr_in_range
 from .inputs import check_step_inputs, flatten, order_like_plan, rebuild
 from .plan import ADAMW, EMPTY, SEGMENTS, Plan
-from .preconditioners import Directions, Preconditioner, config_products, unit_for
+from .preconditioners import Directions, Preconditioner, StepContext, config_products, unit_for
 from .schedule import SCHEDULE_KEY, due_slice, is_refresh_step, periodic_due, staggered, takes_flag, warmup_due
 from .strategy import for_device
 

@@ -10,11 +10,20 @@ from ..roots.matmul import Products, products_for
 from ..strategy import Strategy
 from .eigenvalue_corrected import EigenvalueCorrected
 from .shampoo import Shampoo
-from .unit import Directions, Preconditioner
+from .unit import Directions, Preconditioner, StepContext
 
 UNITS: dict[str, Preconditioner] = {unit.name: unit for unit in (Shampoo(), EigenvalueCorrected())}
 
-__all__ = ["UNITS", "Directions", "Preconditioner", "unit_for", "resolve_solver", "fields_read", "config_products"]
+__all__ = [
+    "UNITS",
+    "Directions",
+    "Preconditioner",
+    "StepContext",
+    "unit_for",
+    "resolve_solver",
+    "fields_read",
+    "config_products",
+]
 
 
 def unit_for(config: DashConfig) -> Preconditioner:

@@ -10,7 +10,6 @@ from typing import NamedTuple
 import torch
 
 from ..config import DashConfig
-from ..context import StepContext
 from ..plan import Plan
 from ..roots.basis import eigenbasis, qr_basis
 from ..roots.identity import identity_matrix
@@ -18,7 +17,7 @@ from ..roots.masking import finite_blocks
 from ..roots.matmul import Products
 from ..schedule import DUE_BLOCKS_KEY, due_block_tables, due_blocks, staggered, staggers
 from ..strategy import Strategy
-from .unit import Directions, Preconditioner
+from .unit import Directions, Preconditioner, StepContext
 
 
 class EigenvalueCorrected(Preconditioner):

@@ -9,13 +9,12 @@ import math
 import torch
 
 from ..config import DashConfig
-from ..context import StepContext
 from ..roots import fields_read, refresh_roots, resolve_solver
 from ..roots.matmul import Products
 from ..roots.scaling import root
 from ..schedule import SCHEDULE_KEY, has_root, staggered
 from ..strategy import Strategy
-from .unit import Directions, Preconditioner
+from .unit import Directions, Preconditioner, StepContext
 
 
 class Shampoo(Preconditioner):

@@ -1,4 +1,5 @@
-"""What a preconditioner is to the step: :class:`Preconditioner`, and what its direction returns.
+"""What a preconditioner is to the step: :class:`Preconditioner`, the context its methods get
+(:class:`StepContext`) and what its direction returns (:class:`Directions`).
 
 The step (:mod:`dash_fn.step`) is a pipeline that every preconditioner shares: factor EMAs (4 b),
 a refresh on the schedule (4 d), each group's direction, grafting or a fixed norm (4 f, g),
@@ -12,17 +13,46 @@ and its constraints in ``dash_fn.config.PRECONDITIONERS``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
+from tensordict import TensorDict
 
 from ..config import DashConfig
+from ..forms import DeviceForms
+from ..guard import Guard
 from ..plan import Plan
 from ..roots.matmul import Products
 from ..strategy import Strategy
 
-if TYPE_CHECKING:
-    from ..context import StepContext
+
+@dataclass(frozen=True)
+class StepContext:
+    """One step's view of its rank: this rank's blocks (``local``, the shard's plan; the
+    model's is needed only to gather and scatter), the preconditioner and the forms the call
+    runs (both picked once, at the step's entry), the non-finite guard, the step number ``t``
+    (0-d, on the device) and its bias corrections (``1 - beta^t`` by use)."""
+
+    config: DashConfig
+    local: Plan
+    state: TensorDict
+    unit: Preconditioner  # (defined below)
+    forms: DeviceForms
+    guard: Guard
+    t: torch.Tensor
+    corrections: dict
+
+    def stored(self, group, side, blocks: torch.Tensor | None = None) -> torch.Tensor:
+        """A group's slice of a factor stack's refreshed matrices ``Fbar`` (inverse roots, or
+        eigenbases) as stored: of ``blocks`` (None: all of them, a view)."""
+        Fbar = self.state["factors", str(side.stack), "Fbar"][side.offset : side.offset + group.count]
+        return Fbar if blocks is None else Fbar.index_select(0, blocks)
+
+    def refreshed(self, group, side) -> torch.Tensor:
+        """:meth:`stored` of every block of the group, widened to the state dtype
+        (:mod:`dash_fn.storage`)."""
+        return self.stored(group, side).to(self.local.dtype)
 
 
 class Directions(NamedTuple):
@@ -44,7 +74,7 @@ class Preconditioner:
     """A preconditioner as the step runs it: subclass it, give it a ``name`` and an
     ``auto_precision`` ("float16" or "float32": what ``precision="auto"`` multiplies in on a
     device with tensor cores), and implement ``fields_read``, ``solve`` and ``direction`` (and
-    ``solver`` or ``accelerator_solver``). The step context (``dash_fn.context.StepContext``)
+    ``solver`` or ``accelerator_solver``). The step context (``StepContext``)
     gives the config, this rank's plan, the state, the device forms and the non-finite guard;
     no method may read a device value on the host where the strategy forbids it
     (``dash_fn.forms``)."""
